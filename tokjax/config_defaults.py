@@ -39,7 +39,13 @@ def base_config() -> ml_collections.ConfigDict:
       method='policy',   # 'policy' (score function) or a rival: see tokjax/models/rivals.py.
       target_rate=target_rate,
       window=1,          # Policy window w: 1 = independent decisions, 8 = sequential (paper ref cfg).
-      scale=1.0 / 16.0,
+      scale=1.0 / 16.0,  # Logit scale s of the sequential (w > 1) policy.
+      # Rivals (tokjax/models/rivals/): 'hnet' | 'gumbel' | 'entropy' | 'whitespace' | 'stride' |
+      # 'uniform' | 'bpe'; they train with estimator.kind='none' and add their own rate losses.
+      temperature=1.0,       # Gumbel-sigmoid temperature ('gumbel').
+      prior_weight=1.0,      # Weight of the binomial rate prior ('gumbel').
+      ratio_weight=0.03,     # Weight of H-Net's ratio loss ('hnet').
+      bpe_tokenizer='',      # 'bpe': tokenizer JSON path; '' = train one on the training split (cached).
   )
   c.estimator = dict(
       kind='score_function',  # 'score_function' | 'none' (methods trained without a policy gradient).
@@ -65,6 +71,7 @@ def base_config() -> ml_collections.ConfigDict:
   )
   c.mesh = dict(
       data=-1, fsdp=1, tensor=1,     # Device mesh shape; -1 takes the remaining devices.
+      multihost='auto',              # 'auto' | 'on' | 'off': join several hosts (distributed.py).
       rules=(('batch', ('data', 'fsdp')), ('embed', 'fsdp'), ('heads', 'tensor'), ('kv', None),
              ('mlp', 'tensor'), ('vocab', 'tensor'), ('length', None)),
   )

@@ -20,6 +20,7 @@ from ml_collections import config_flags
 from tokjax import checkpointing
 from tokjax import cli
 from tokjax import config_defaults
+from tokjax import distributed
 from tokjax import segmentation
 from tokjax import sharding
 from tokjax import train_state
@@ -53,8 +54,9 @@ def evaluate(trainer, params, batches, key, modes=('sample',)) -> dict:
   for mode in modes:
     sums, ce, nbytes = {}, 0.0, 0.0
     for i, batch in enumerate(batches):
-      m = jax.device_get(trainer.eval_step(params, sharding.global_batch(batch, trainer.mesh),
-                                           jax.random.fold_in(key, i), mode))
+      # Eval batches are global (the same on every process): each process places its own rows.
+      batch = sharding.global_batch_from_global(batch, trainer.mesh)
+      m = jax.device_get(trainer.eval_step(params, batch, jax.random.fold_in(key, i), mode))
       ce, nbytes = ce + float(m.pop('ce_sum')), nbytes + float(m.pop('bytes'))
       for k, v in m.items():
         sums[k] = sums.get(k, 0.0) + float(v)
@@ -84,6 +86,7 @@ def show_segmentation(trainer, params, data, config, key) -> str:
 def train(config, resume: bool = False) -> dict:
   """Runs training; returns the final val metrics. Raises UserError for fixable input problems."""
   config_defaults.validate(config)
+  distributed.maybe_initialize(config.mesh.get('multihost', 'auto'))  # Before anything touches JAX.
   workdir = config.train.workdir
   prepare_workdir(workdir, resume)
   mesh = sharding.make_mesh(config.mesh)

@@ -13,11 +13,14 @@ forced by the full buffer, so its log-probability is log 1 = 0 and it is masked 
 The estimator therefore differentiates the policy the model actually executed, which keeps it unbiased.
 Dropped boundaries are counted as `overflow` in the metrics.
 
-THE POLICY (Dauncey & Wattenhofer 2026). A linear map gives v_t in R^w from the encoder state h_t and
+THE POLICY (Dauncey & Wattenhofer 2026). A linear map gives v_t in R^w from the encoder state h_t.
+Independent (w = 1): logit_t = v_t + bias, p_t = sigmoid(logit_t), sampled in parallel.
+Sequential (w > 1):
   z_t = s * (v_t[w-1] + sum_{k=1..w-1} v_t[w-1-k] * a_{t-k}) + bias,   logit_t = 6 tanh(z_t / 6),
-with s = 1/16 and the bias initialised to logit(target rate). With w = 1 the decisions are independent
-and sampled in parallel; with w > 1 each depends on the previous w - 1 executed decisions and they are
-sampled by a `lax.scan` on device. Log-probabilities of the executed actions are then recomputed in
+with s = 1/16; each decision depends on the previous w - 1 executed ones, so they are sampled by a
+`lax.scan` on device. In both forms the bias starts at logit(target rate). (The 1/16 scale belongs to
+the sequential form only: on the independent policy it acts as a 16x smaller learning rate, and at CPU
+scale the policy then learns nothing in the first thousand steps.) Log-probabilities of the executed actions are then recomputed in
 parallel from the same formula, which is what the gradient flows through.
 """
 
@@ -71,6 +74,8 @@ class Boundaries:
   dropped: boundaries sampled but dropped for lack of capacity.
   aux_loss: a scalar the method adds to the total loss (0 for most); chunk_gate: optional float32[B, L]
   multiplier on upsampled chunk outputs (straight-through methods); stats: extra scalar metrics.
+  chunk_ema: optional float32[B, L] smoothing probabilities (H-Net): chunk j's output is replaced by
+  P_j z_j + (1 - P_j) zbar_{j-1} with P_j = chunk_ema at chunk j's last byte (see chunking.ema_chunks).
   """
   actions: jax.Array
   logits: jax.Array
@@ -81,6 +86,7 @@ class Boundaries:
   aux_loss: jax.Array = dataclasses.field(default_factory=lambda: jnp.zeros(()))
   chunk_gate: Any = None
   stats: Any = dataclasses.field(default_factory=dict)
+  chunk_ema: Any = None
 
 
 def bernoulli_log_prob(logits, actions):
@@ -149,6 +155,8 @@ class BoundaryPolicy(nn.Module):
     bias = self.param('bias', nn.initializers.constant(jnp.log(rate / (1.0 - rate))), (), jnp.float32)
 
     def logits_given(executed):
+      if self.window == 1:
+        return v[..., 0] + bias
       z = self.scale * (v[..., self.window - 1] + _history_term(v, executed, self.window)) + bias
       return 6.0 * jnp.tanh(z / 6.0)
 

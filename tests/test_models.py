@@ -1,0 +1,179 @@
+"""Blocks, the flat model, boundaries, chunking and the whole hierarchical model (causality first)."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tokjax.models import boundaries as bd
+from tokjax.models import chunking
+from tokjax.models import flat
+from tokjax.models import hierarchical
+from tokjax.models import layers
+
+
+def _tokens(key, b=2, l=48):
+  return jax.random.randint(key, (b, l), 0, 256)
+
+
+def _perturb_after(tokens, t):
+  return tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 101) % 256)
+
+
+def test_local_attention_equals_dense_windowed_attention():
+  q, k, v = jax.random.normal(jax.random.PRNGKey(0), (3, 2, 45, 2, 8))
+  pos = jnp.broadcast_to(jnp.arange(45), (2, 45))
+  for window in (4, 8, 16):
+    np.testing.assert_allclose(layers.local_causal_attention(q, k, v, window),
+                               layers.full_causal_attention(q, k, v, pos, pos, None, window),
+                               atol=1e-5)
+
+
+def test_rope_depends_on_relative_position_only():
+  """q.k after RoPE is unchanged when every position shifts by the same offset."""
+  q, k = jax.random.normal(jax.random.PRNGKey(1), (2, 1, 5, 1, 8))
+  pos = jnp.array([[0, 3, 7, 8, 20]])
+  dots = lambda p: jnp.einsum('blhk,bmhk->blm', layers.apply_rope(q, p), layers.apply_rope(k, p))
+  np.testing.assert_allclose(dots(pos), dots(pos + 13), atol=1e-4)
+  assert not np.allclose(dots(pos), dots(pos * 2), atol=1e-3)
+
+
+@pytest.mark.parametrize('window', [0, 8])
+def test_flat_model_is_causal(window):
+  model = flat.FlatByteLM(258, 32, 2, 2, 64, window=window)
+  tokens = _tokens(jax.random.PRNGKey(2))
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens))
+  t = 20
+  apply = jax.jit(model.apply)
+  a = apply(params, tokens)['logits']
+  b = apply(params, _perturb_after(tokens, t))['logits']
+  np.testing.assert_array_equal(a[:, :t + 1], b[:, :t + 1])
+  assert np.abs(a[:, t + 1:] - b[:, t + 1:]).max() > 1e-3
+
+
+def _hier(window=1, capacity=24, rate=0.2, scale=1 / 16, byte_window=8):
+  policy = bd.BoundaryPolicy(target_rate=rate, window=window, scale=scale, capacity=capacity)
+  return hierarchical.HierarchicalByteLM(258, 32, 2, 1, 1, 1, policy, byte_window=byte_window,
+                                         capacity=capacity)
+
+
+@pytest.mark.parametrize('window,capacity,rate', [(1, 24, 0.2), (8, 24, 0.2), (1, 6, 0.5),
+                                                  (4, 6, 0.5)])
+def test_hierarchical_model_is_causal_including_boundary_decisions(window, capacity, rate):
+  """With a fixed key, bytes after t change no logit, boundary probability or sample at or before t.
+
+  Also with a small capacity, so that overflow (which depends on earlier decisions) is exercised.
+  """
+  model = _hier(window, capacity, rate, scale=1.0)
+  key = jax.random.PRNGKey(3)
+  tokens = _tokens(jax.random.PRNGKey(4), b=3, l=64)
+  params = nn.unbox(model.init(key, tokens, key))
+  apply = jax.jit(model.apply)
+  base = apply(params, tokens, key)
+  for t in (0, 9, 30, 62):
+    out = apply(params, _perturb_after(tokens, t), key)
+    for name in ('logits', 'early_logits'):
+      np.testing.assert_array_equal(base[name][:, :t + 1], out[name][:, :t + 1], err_msg=name)
+    for field in ('actions', 'probs', 'log_probs', 'free', 'dropped'):
+      np.testing.assert_array_equal(getattr(base['boundaries'], field)[:, :t + 1],
+                                    getattr(out['boundaries'], field)[:, :t + 1], err_msg=field)
+    assert np.abs(base['logits'][:, t + 1:] - out['logits'][:, t + 1:]).max() > 1e-3
+  if capacity == 6:
+    assert base['boundaries'].dropped.sum() > 0  # The overflow path really ran.
+
+
+def test_upsample_uses_latest_complete_chunk_not_the_open_one():
+  """A leak test at the seam: chunk j's output reaches bytes t >= b_j only."""
+  actions = jnp.array([[1, 0, 1, 0, 0, 1, 0, 1]], jnp.float32)  # chunks end at 0, 2, 5, 7
+  chunks, ends, valid = chunking.downsample(jnp.arange(8.0)[None, :, None], actions, capacity=6)
+  np.testing.assert_array_equal(ends[0], [0, 2, 5, 7, 8, 8])
+  np.testing.assert_array_equal(valid[0], [1, 1, 1, 1, 0, 0])
+  np.testing.assert_array_equal(chunks[0, :, 0], [0, 2, 5, 7, 0, 0])
+  chunk_out = jnp.array([[[10.], [20.], [30.], [40.], [50.], [60.]]])
+  y = chunking.upsample(jnp.zeros((1, 8, 1)), chunk_out, actions)
+  np.testing.assert_array_equal(y[0, :, 0], [10, 10, 20, 20, 20, 30, 30, 40])
+
+
+def test_enforce_convention_forces_ends_and_drops_overflow():
+  sampled = jnp.array([[0, 1, 1, 1, 1, 1, 0, 0]], jnp.float32)
+  executed, free, dropped = bd.enforce_convention(sampled, capacity=4)
+  # Chunk 1 is open at 0; room for capacity - 2 = 2 sampled boundaries, then the forced last one.
+  np.testing.assert_array_equal(executed[0], [1, 1, 1, 0, 0, 0, 0, 1])
+  np.testing.assert_array_equal(dropped[0], [0, 0, 0, 1, 1, 1, 0, 0])
+  np.testing.assert_array_equal(free[0], [0, 1, 1, 0, 0, 0, 0, 0])
+  assert executed.sum() == 4
+  # Idempotent: evaluating executed actions reproduces them and the same free mask.
+  again, free2, dropped2 = bd.enforce_convention(executed, capacity=4)
+  np.testing.assert_array_equal(again, executed)
+  np.testing.assert_array_equal(free2, free)
+  assert dropped2.sum() == 0
+
+
+@pytest.mark.parametrize('window', [1, 4])
+def test_overflow_never_exceeds_capacity_and_masks_the_gradient(window):
+  """A policy that wants a boundary everywhere: at most C chunks, and dropped positions carry no
+  policy gradient (their executed action was forced by the full buffer)."""
+  model = _hier(window, capacity=5, rate=0.9, scale=1.0)
+  key = jax.random.PRNGKey(5)
+  tokens = _tokens(jax.random.PRNGKey(6), b=4, l=40)
+  params = nn.unbox(model.init(key, tokens, key))
+  out = model.apply(params, tokens, key)
+  bnd = out['boundaries']
+  assert float(bnd.actions.sum(-1).max()) <= 5
+  assert float(bnd.dropped.sum()) > 0
+  assert not np.any(np.asarray(bnd.free) & (np.asarray(bnd.dropped) > 0))
+  np.testing.assert_array_equal(out['chunk_valid'].sum(-1), bnd.actions.sum(-1))
+
+  def surrogate(p):
+    b = model.apply(p, tokens, key)['boundaries']
+    return jnp.sum(jnp.where(b.free, b.log_probs, 0.0))
+  g_free = jax.grad(surrogate)(params)['params']['boundary']['bias']
+
+  def surrogate_all(p):
+    b = model.apply(p, tokens, key)['boundaries']
+    return jnp.sum(b.log_probs)
+  g_all = jax.grad(surrogate_all)(params)['params']['boundary']['bias']
+  assert not np.isclose(g_free, g_all)  # The mask really removes the dropped (and forced) terms.
+
+
+def test_sequential_sampler_matches_parallel_recomputation():
+  """Executed actions of the lax.scan sampler, fed back in 'given' mode, reproduce its log-probs,
+  and the scan honours the same capacity rule as enforce_convention."""
+  model = _hier(window=8, capacity=10, rate=0.4, scale=1.0)
+  key = jax.random.PRNGKey(7)
+  tokens = _tokens(jax.random.PRNGKey(8), b=4, l=64)
+  params = nn.unbox(model.init(key, tokens, key))
+  sampled = model.apply(params, tokens, key)['boundaries']
+  given = model.apply(params, tokens, None, mode='given', actions=sampled.actions)['boundaries']
+  np.testing.assert_array_equal(sampled.actions, given.actions)
+  np.testing.assert_allclose(sampled.log_probs, given.log_probs, atol=1e-6)
+  assert float(sampled.actions.sum(-1).max()) <= 10
+
+
+def test_sequential_sampler_draws_with_the_probability_it_reports():
+  """E[a_t - p_t] = 0 at each free position, where p_t is the reported (history-dependent) probability.
+
+  The statistic is a martingale difference; a sampler conditioned on the wrong history (an off-by-one
+  shift) fails it, which the second half checks so the test can actually detect that bug.
+  """
+  w, n, l = 4, 4000, 12
+  v = jax.random.normal(jax.random.PRNGKey(9), (1, l, w)) * 20.0
+  v = jnp.broadcast_to(v, (n, l, w))
+  u = jax.random.uniform(jax.random.PRNGKey(10), (n, l))
+  scale, bias, cap = 1.0 / 16, -0.5, 100
+  samples = bd.sample_sequential(v, bias, u, scale, cap)
+  executed, free, _ = bd.enforce_convention(samples, cap)
+
+  def reported(history_shift):
+    hist = jnp.pad(executed, ((0, 0), (history_shift, 0)))[:, :l]
+    z = scale * (v[..., w - 1] + bd._history_term(v, hist, w)) + bias  # pylint: disable=protected-access
+    return jax.nn.sigmoid(6.0 * jnp.tanh(z / 6.0))
+
+  def max_z(p):
+    resid = jnp.where(free, executed - p, 0.0)
+    se = jnp.sqrt(jnp.sum(jnp.where(free, p * (1 - p), 0.0), 0)) + 1e-9
+    return float(jnp.max(jnp.abs(jnp.sum(resid, 0)) / se))
+
+  assert max_z(reported(0)) < 4.5
+  assert max_z(reported(1)) > 6.0

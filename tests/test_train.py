@@ -1,0 +1,169 @@
+"""The training loop: learning, exact resumption, compilation, config overrides and bad input."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from tokjax import checkpointing
+from tokjax import models
+from tokjax import sharding
+from tokjax import train
+from tokjax import train_state
+from tokjax.data import pipeline
+from tokjax.errors import UserError
+from tokjax.metric_writers import read_metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _train_rows(workdir):
+  return {r['step']: r for r in read_metrics(os.path.join(workdir, 'metrics.jsonl'))
+          if r['split'] == 'train'}
+
+
+def test_loss_falls_on_a_small_real_slice(tmp_path):
+  c = tiny_config(str(tmp_path))
+  c.model.kind, c.estimator.kind = 'flat', 'none'
+  c.data.batch_size, c.train.steps, c.train.log_every = 8, 40, 1
+  c.train.eval_every = c.train.checkpoint_every = 40
+  train.train(c)
+  rows = _train_rows(str(tmp_path))
+  first = np.mean([rows[s]['loss'] for s in (1, 2, 3)])
+  last = np.mean([rows[s]['loss'] for s in (38, 39, 40)])
+  assert last < first - 1.0, (first, last)  # ln(258) = 5.55 nats at the start.
+
+
+def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
+  """Run 6 steps (checkpoints at 3 and 6); drop step 6, resume from 3: steps 4-6 give the same losses
+  bit for bit, which needs the params, optimizer state, data position and step keys all restored."""
+  workdir = str(tmp_path / 'run')
+  c = tiny_config(workdir)
+  c.train.log_every, c.train.checkpoint_every = 1, 3
+  train.train(c)
+  uninterrupted = _train_rows(workdir)
+  mgr = checkpointing.manager(workdir)
+  mgr.delete(6)
+  assert mgr.latest_step() == 3
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  kept = [r for r in read_metrics(metrics) if r['step'] <= 3]
+  with open(metrics, 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in kept)
+  train.train(c, resume=True)
+  resumed = _train_rows(workdir)
+  for step in (4, 5, 6):
+    assert resumed[step]['loss'] == uninterrupted[step]['loss'], step
+    assert resumed[step]['rate'] == uninterrupted[step]['rate'], step
+
+
+def test_train_step_compiles_once_whatever_the_boundaries(tmp_path):
+  c = tiny_config(str(tmp_path))
+  mesh = sharding.make_mesh(c.mesh)
+  data = pipeline.build_data(c)
+  trainer = train_state.Trainer(c, mesh)
+  state = trainer.init(jax.random.PRNGKey(0))
+  counts = []
+  for _ in range(3):
+    state, metrics = trainer.train_step(state, sharding.global_batch(next(data.train_iter), mesh),
+                                        jax.random.PRNGKey(1))
+    counts.append(float(metrics['rate']))
+  assert len(set(counts)) > 1  # The boundaries (and so the chunk counts) differed between steps.
+  assert trainer._train_step._cache_size() == 1  # pylint: disable=protected-access
+
+
+def test_nan_loss_stops_with_a_message_and_keeps_the_checkpoint_valid(tmp_path, monkeypatch):
+  """A loss that turns NaN at step 4 never reaches the parameters or a checkpoint; the run stops
+  with one message and resumes from the last good checkpoint."""
+  real_objective = models.objective
+
+  def poisoned(config, model, mode='sample'):
+    f = real_objective(config, model, mode)
+
+    def g(params, batch, key, step):
+      loss, aux = f(params, batch, key, step)
+      return jnp.where(step >= 3, jnp.nan, loss), aux
+    return g
+  monkeypatch.setattr(models, 'objective', poisoned)
+  c = tiny_config(str(tmp_path))
+  c.train.log_every, c.train.checkpoint_every = 2, 2
+  with pytest.raises(UserError, match='NaN.*checkpoint step 2 is intact.*--resume'):
+    train.train(c)
+  mgr = checkpointing.manager(str(tmp_path))
+  assert mgr.latest_step() == 2
+  trainer = train_state.Trainer(c, sharding.make_mesh(c.mesh))
+  state, _ = checkpointing.restore(mgr, trainer.abstract_state)
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
+  assert int(state.nonfinite) == 0
+
+
+@pytest.mark.parametrize('field,value,message', [
+    ('data.corpus', '/no/such/corpus', 'does not exist'),
+    ('data.seq_len', 1, 'seq_len=1 is too short'),
+    ('model.kind', 'mlp', "model.kind='mlp' is not valid"),
+    ('boundary.target_rate', 1.5, 'target_rate=1.5 must be in'),
+    ('train.workdir', '/etc/passwd/run', 'cannot write to workdir'),
+])
+def test_bad_config_values_raise_one_clear_user_error(tmp_path, field, value, message):
+  c = tiny_config(str(tmp_path / 'run'))
+  section, name = field.split('.')
+  c[section][name] = value
+  with pytest.raises(UserError, match=message):
+    train.train(c)
+
+
+def test_empty_corpus_and_folder_without_files_are_reported(tmp_path):
+  (tmp_path / 'empty.txt').write_bytes(b'')
+  (tmp_path / 'nothing').mkdir()
+  for corpus, message in ((tmp_path / 'empty.txt', 'empty'), (tmp_path / 'nothing', 'no readable')):
+    c = tiny_config(str(tmp_path / 'run'))
+    c.data.corpus = str(corpus)
+    with pytest.raises(UserError, match=message):
+      train.train(c)
+
+
+def _cli(*args, cwd=REPO):
+  return subprocess.run([sys.executable, '-m', 'tokjax.train', *args], cwd=cwd, capture_output=True,
+                        text=True, timeout=300, check=False)
+
+
+def test_command_line_overrides_reach_the_config(tmp_path):
+  workdir = str(tmp_path / 'run')
+  proc = _cli('--config=configs/default.py', f'--config.train.workdir={workdir}',
+              '--config.model.d_model=24', '--config.model.num_heads=2', '--config.data.seq_len=32',
+              '--config.data.batch_size=2', '--config.data.max_bytes=100000',
+              '--config.train.steps=2', '--config.eval.max_batches=1', '--config.eval.batch_size=2',
+              '--config.model.capacity=16')
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  config, _, step = checkpointing.load_config(workdir)
+  assert (config.model.d_model, config.data.seq_len, step) == (24, 32, 2)
+  assert 'learned segmentation of held-out text' in proc.stdout
+
+
+@pytest.mark.parametrize('args,message', [
+    (('--config.model.bogus=3',), 'unknown config key --config.model.bogus'),
+    (('--config.data.corpus=/no/such/corpus',), "corpus path '/no/such/corpus' does not exist"),
+    (('--config.model.d_model=abc',), 'd_model=abc'),
+])
+def test_cli_reports_bad_input_on_one_line_without_traceback(tmp_path, args, message):
+  proc = _cli('--config=configs/default.py', f'--config.train.workdir={tmp_path}/run', *args)
+  assert proc.returncode == 2
+  assert 'Traceback' not in proc.stderr
+  lines = [l for l in proc.stderr.splitlines() if l.startswith('error:')]
+  assert len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+
+
+def test_existing_run_needs_resume_or_a_new_workdir(tmp_path):
+  workdir = str(tmp_path / 'run')
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    f.write('{}\n')
+  with pytest.raises(UserError, match='--resume'):
+    train.train(tiny_config(workdir))
+  shutil.rmtree(workdir)
