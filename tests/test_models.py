@@ -177,3 +177,23 @@ def test_sequential_sampler_draws_with_the_probability_it_reports():
 
   assert max_z(reported(0)) < 4.5
   assert max_z(reported(1)) > 6.0
+
+
+def test_off_policy_warm_start_draws_from_the_target_rate_and_reports_importance_ratios():
+  """behavior=True: decisions come from Bernoulli(target_rate) whatever the policy says, and
+  stats['log_ratio'] = log pi(a) - log mu(a) on them; behavior=False leaves the policy in charge."""
+  model = _hier(window=1, capacity=64, rate=0.2, scale=1.0)
+  key = jax.random.PRNGKey(11)
+  tokens = _tokens(jax.random.PRNGKey(12), b=8, l=64)
+  params = nn.unbox(model.init(key, tokens, key))
+  params['params']['boundary']['bias'] = jnp.asarray(3.0)  # The policy wants p = 0.95.
+  apply = jax.jit(model.apply)
+  off = apply(params, tokens, key, behavior=jnp.asarray(True))['boundaries']
+  on = apply(params, tokens, key, behavior=jnp.asarray(False))['boundaries']
+  interior = lambda x: np.asarray(x)[:, 1:-1]
+  assert abs(interior(off.actions).mean() - 0.2) < 0.05
+  assert interior(on.actions).mean() > 0.8
+  log_mu = np.where(interior(off.actions) > 0.5, np.log(0.2), np.log(0.8))
+  np.testing.assert_allclose(interior(off.stats['log_ratio']), interior(off.log_probs) - log_mu,
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(on.stats['log_ratio'], 0.0)

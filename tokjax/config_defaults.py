@@ -117,3 +117,32 @@ def validate(config) -> None:
     raise UserError(f'config.estimator.gamma={config.estimator.gamma} must be in [0, 1].')
   if config.optim.lr <= 0:
     raise UserError(f'config.optim.lr={config.optim.lr} must be positive.')
+
+
+# The paper's reference setups (method.md): d, heads, down/mid/up, seq, batch, lr, bytes, corpus.
+PAPER_SIZES = {
+    '147m': dict(d=768, heads=12, layers=(4, 12, 4), seq=4096, batch=128, lr=1.5e-3, bytes=6e9,
+                 corpus='hf:fineweb'),
+    '90m': dict(d=768, heads=12, layers=(4, 6, 4), seq=4096, batch=128, lr=2e-3, bytes=3.4e9,
+                corpus='hf:codeparrot'),
+    '40m': dict(d=512, heads=8, layers=(4, 6, 4), seq=4096, batch=64, lr=2.4e-3, bytes=1.5e9,
+                corpus='hf:fineweb'),
+}
+
+
+def paper_config(size: str) -> ml_collections.ConfigDict:
+  """A paper-scale config: w = 8 policy, bf16, FSDP over all devices, steps = bytes / (B * L)."""
+  p = PAPER_SIZES[size]
+  c = base_config()
+  c.data.update(corpus=p['corpus'], seq_len=p['seq'], batch_size=p['batch'],
+                max_bytes=int(p['bytes'] * 1.1))
+  down, mid, up = p['layers']
+  c.model.update(d_model=p['d'], num_heads=p['heads'], encoder_layers=down, main_layers=mid,
+                 decoder_layers=up, byte_window=64, capacity=1024, dtype='bfloat16')
+  c.boundary.window = 8
+  c.optim.update(lr=p['lr'], warmup_steps=500)  # Warmup length: ours; the paper gives none.
+  c.train.update(steps=int(p['bytes'] // (p['seq'] * p['batch'])), log_every=50, eval_every=500,
+                 checkpoint_every=1000, workdir=f'runs/paper_{size}')
+  c.eval.update(batch_size=64, max_batches=32)
+  c.mesh.update(data=1, fsdp=-1, tensor=1)  # FSDP over every device: the batch splits evenly.
+  return c

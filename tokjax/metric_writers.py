@@ -8,13 +8,20 @@ from tensorboardX import SummaryWriter
 
 
 class MetricWriter:
-  """Appends {'step', 'split', **scalars} rows to workdir/metrics.jsonl and to TensorBoard."""
+  """Appends {'step', 'split', **scalars} rows to workdir/metrics.jsonl and to TensorBoard.
 
-  def __init__(self, workdir: str):
+  Only one process of a multi-host run should write (enabled=False elsewhere): they all hold the same
+  numbers, and the workdir is shared.
+  """
+
+  def __init__(self, workdir: str, enabled: bool = True):
     self.path = os.path.join(workdir, 'metrics.jsonl')
-    self.tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+    self.enabled = enabled
+    self.tb = SummaryWriter(os.path.join(workdir, 'tensorboard')) if enabled else None
 
   def write(self, step: int, split: str, scalars: dict) -> None:
+    if not self.enabled:
+      return
     row = {'step': int(step), 'split': split}
     row.update({k: float(v) for k, v in scalars.items()})
     with open(self.path, 'a') as f:
@@ -25,7 +32,8 @@ class MetricWriter:
     self.tb.flush()
 
   def close(self):
-    self.tb.close()
+    if self.enabled:
+      self.tb.close()
 
 
 def read_metrics(path: str) -> list[dict]:

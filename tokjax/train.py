@@ -106,7 +106,7 @@ def train(config, resume: bool = False) -> dict:
     print(f'resumed from step {step}', flush=True)
   else:
     state = trainer.init(init_key)
-  writer = MetricWriter(workdir)
+  writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
   modes = ('sample', 'greedy') if hierarchical else ('sample',)
   total, start_step = config.train.steps, int(state.step)
   seq_bytes = config.data.batch_size * config.data.seq_len
@@ -142,10 +142,17 @@ def train(config, resume: bool = False) -> dict:
              f'{val["greedy_whitespace_recall"]:.2f}' if hierarchical else '')
       print(f'  val bpb {val["bpb"]:.4f}{greedy} | gzip -9 {ref["gzip"]:.3f} xz -9 {ref["xz"]:.3f}'
             f'{seg}', flush=True)
+      if hierarchical:  # Watch the tokenization form: a held-out line with greedy boundaries.
+        text = data.splits['test'][0]
+        shown, actions, _ = segmentation.boundaries_for(trainer.model, state.params, text,
+                                                        config.data.seq_len, eval_key, 'greedy')
+        print(f'  greedy: {segmentation.preview(shown, actions)}', flush=True)
     if done % config.train.checkpoint_every == 0 or done == total:
       checkpointing.save(mgr, done, state, data.train_iter, config)
   writer.close()
-  png = plot_curves(writer.path, os.path.join(workdir, 'curves.png'))
+  png = os.path.join(workdir, 'curves.png')
+  if writer.enabled:
+    plot_curves(writer.path, png)
   print(f'final val bpb {val.get("bpb", float("nan")):.4f} | gzip -9 {ref["gzip"]:.3f} | '
         f'xz -9 {ref["xz"]:.3f} | wall {format_eta(time.time() - t0)}')
   print(f'wrote {writer.path}, {png}, checkpoints in {mgr.directory}')

@@ -178,7 +178,10 @@ class Embed(nn.Module):
   def __call__(self, ids):
     table = self.param('embedding', _init(1.0, ('vocab', 'embed')), (self.vocab_size, self.d_model),
                        jnp.float32)
-    return jnp.take(table, ids, axis=0).astype(self.dtype)
+    # Without the constraint the gathered rows inherit the table's fsdp split of `embed`, and XLA
+    # rematerialises the whole activation to reshard it for the first block.
+    return nn.with_logical_constraint(jnp.take(table, ids, axis=0).astype(self.dtype),
+                                      ('batch', 'length', 'embed'))
 
 
 class LMHead(nn.Module):

@@ -1,0 +1,16 @@
+r"""The paper's code model: 90M parameters on CodeParrot (documents >= 4096 bytes), score function.
+
+  python -m tokjax.train --config configs/paper_90m_codeparrot.py   # on accelerators, see launch/
+
+d_model 768, 12 heads, encoder/main/decoder 4/6/4, sequence 4096, batch 128, lr 2e-3, 3.4e9 bytes
+(6,484 steps), bf16, w = 8, target rate 0.2.
+Expected result (paper): validation loss 0.568 (H-Net routing: 0.769). Not measured by tokjax.
+"""
+
+from tokjax.config_defaults import paper_config
+
+
+def get_config():
+  c = paper_config('90m')
+  c.train.workdir = 'runs/paper_90m_codeparrot'
+  return c

@@ -1,0 +1,25 @@
+"""Shared pytest fixtures."""
+
+import pytest
+
+
+def tiny_config(workdir: str):
+  """A hierarchical model small enough to train a few steps in seconds on the stdlib corpus."""
+  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+  c = config_defaults.base_config()
+  c.model.d_model, c.model.capacity = 32, 32
+  c.data.seq_len, c.data.batch_size, c.data.max_bytes = 64, 4, 200_000
+  c.data.val_fraction = c.data.test_fraction = 0.1  # Several documents per split.
+  c.eval.batch_size, c.eval.max_batches = 4, 3
+  c.train.steps, c.train.log_every, c.train.eval_every, c.train.checkpoint_every = 6, 3, 3, 6
+  c.train.workdir = workdir
+  return c
+
+
+@pytest.fixture(scope='session')
+def tiny_run(tmp_path_factory):
+  """Run folder of a finished 6-step training run of `tiny_config` (checkpoint, metrics.jsonl)."""
+  from tokjax import train  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path_factory.mktemp('tiny_run'))
+  train.train(tiny_config(workdir))
+  return workdir

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m tokjax.benchmarks.scaling` (step time and per-device memory versus devices)."""

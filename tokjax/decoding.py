@@ -1,0 +1,268 @@
+"""Autoregressive generation from the hierarchical byte LM, boundaries decided on the fly.
+
+At step t the model reads byte x_t, the boundary policy decides a_t from the encoder state h_t (and,
+for a window w > 1, the previous w - 1 executed decisions; a_0 = 1 is forced), a chunk closes at t when
+a_t = 1, and the logits at t (which see the latest chunk complete at t, as in training) give x_{t+1}:
+a prompt byte while reading the prompt, then a sample (temperature, top-k).
+
+Two paths make the same computation:
+  - uncached: every step reruns the whole model on the buffer of all N positions (O(N) per byte),
+    exactly the training forward (`HierarchicalByteLM` in mode 'given' on the decisions so far);
+  - cached: every step feeds one byte through single-position layers that keep key/value caches:
+    a ring buffer of the last `byte_window` positions for each byte layer (sliding-window attention),
+    and a buffer of all closed chunks for each chunk layer, written only when a_t = 1. The cached
+    layers reuse the model's own parameter tree and modules (RMSNorm, GeGLU, Embed, LMHead and
+    the boundary policy); only attention's data flow is re-expressed with a cache.
+Both draw a_t and x_{t+1} from the same keys (fold_in(key, t), then 0 for the boundary, 1 for the
+byte), so for a fixed key they agree up to float rounding: the same decisions and bytes, logits equal
+to ~1e-5 (tests/test_sample.py).
+
+Generation does not apply the training chunk capacity: the chunk buffer holds every possible chunk.
+Lengths beyond the training seq_len are extrapolation (byte layers are local; the chunk layers see more
+chunks than in training).
+
+Shape names: B rows, N total positions (BOS + prompt + generated), S cache slots, V vocabulary.
+"""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from tokjax.data import BOS_ID, PAD_ID
+from tokjax.errors import UserError
+from tokjax.models import boundaries as bd
+from tokjax.models import chunking
+from tokjax.models import layers
+
+
+class CachedAttention(nn.Module):
+  """`layers.Attention` for one new position with a key/value cache (same parameter names).
+
+  The new key/value goes to cache slot `slot` where `write` is true; the query attends to every valid
+  cached key at a position <= its own (and within `window` when window > 0).
+  """
+  num_heads: int
+  window: int = 0
+  dtype: layers.Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, position, cache, slot, write):
+    """x: [B, 1, D], position/slot: int32[B], write: bool[B], cache: {k, v: [B, S, H, K],
+    pos: int32[B, S], valid: bool[B, S]} -> ([B, 1, D], updated cache)."""
+    d = x.shape[-1]
+    proj = lambda name: nn.DenseGeneral((self.num_heads, d // self.num_heads), use_bias=False,
+                                        dtype=self.dtype, name=name)(x)
+    q, k, v = proj('query'), proj('key'), proj('value')
+    q, k = layers.apply_rope(q, position[:, None]), layers.apply_rope(k, position[:, None])
+    hit = (jnp.arange(cache['pos'].shape[1])[None, :] == slot[:, None]) & write[:, None]  # [B, S]
+    new = {'k': jnp.where(hit[..., None, None], k, cache['k']),
+           'v': jnp.where(hit[..., None, None], v, cache['v']),
+           'pos': jnp.where(hit, position[:, None], cache['pos']),
+           'valid': cache['valid'] | hit}
+    out = layers.full_causal_attention(q, new['k'], new['v'], position[:, None], new['pos'],
+                                       new['valid'], self.window)
+    out = nn.DenseGeneral(d, axis=(-2, -1), use_bias=False, dtype=self.dtype, name='out')(out)
+    return out, new
+
+
+class CachedStack(nn.Module):
+  """`layers.Stack` (blocks `block_i` of `layers.Block`) for one new position, with caches."""
+  num_layers: int
+  num_heads: int
+  mlp_hidden: int
+  window: int = 0
+  dtype: layers.Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, position, caches, slot, write):
+    new_caches = []
+    for i in range(self.num_layers):
+      x, cache = _CachedBlock(self.num_heads, self.mlp_hidden, self.window, self.dtype,
+                              name=f'block_{i}')(x, position, caches[i], slot, write)
+      new_caches.append(cache)
+    return x, new_caches
+
+
+class _CachedBlock(nn.Module):
+  """`layers.Block` for one new position (same submodule names)."""
+  num_heads: int
+  mlp_hidden: int
+  window: int = 0
+  dtype: layers.Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, position, cache, slot, write):
+    norm = lambda name: layers.RMSNorm(dtype=self.dtype, name=name)
+    h, cache = CachedAttention(self.num_heads, self.window, self.dtype, name='attn')(
+        norm('pre_attn_norm')(x), position, cache, slot, write)
+    x = x + norm('post_attn_norm')(h)
+    h = layers.GeGLU(self.mlp_hidden, self.dtype, name='mlp')(norm('pre_mlp_norm')(x))
+    return x + norm('post_mlp_norm')(h), cache
+
+
+def check_supported(model) -> None:
+  if not isinstance(getattr(model, 'boundary', None), bd.BoundaryPolicy):
+    raise UserError('generation needs a hierarchical model with the learned boundary policy '
+                    "(config.boundary.method='policy'); this checkpoint has another boundary method.")
+
+
+def sample_byte(logits, key, temperature: float, top_k: int):
+  """A byte (0..255, never BOS/PAD) from logits: float32[B, V]; temperature 0 = argmax -> int32[B]."""
+  logits = logits[:, :256]
+  if temperature <= 0:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  logits = logits / temperature
+  if 0 < top_k < logits.shape[-1]:
+    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+def decide(logit, t, key, mode: str):
+  """a_t in {0, 1} (float32[B]) from the policy logit: forced 1 at t = 0, else greedy or sampled."""
+  if mode == 'greedy':
+    a = (logit > 0).astype(jnp.float32)
+  else:
+    a = (jax.random.uniform(key, logit.shape) < jax.nn.sigmoid(logit)).astype(jnp.float32)
+  return jnp.where(t == 0, 1.0, a)
+
+
+def _step_keys(key, t):
+  k = jax.random.fold_in(key, t)
+  return jax.random.fold_in(k, 0), jax.random.fold_in(k, 1)
+
+
+def _cache(batch: int, slots: int, num_heads: int, head_dim: int, dtype):
+  return {'k': jnp.zeros((batch, slots, num_heads, head_dim), dtype),
+          'v': jnp.zeros((batch, slots, num_heads, head_dim), dtype),
+          'pos': jnp.zeros((batch, slots), jnp.int32), 'valid': jnp.zeros((batch, slots), bool)}
+
+
+def init_caches(model, batch: int, total: int) -> dict:
+  """Empty caches for N = total positions: byte layers keep byte_window slots (all N for full
+  attention), chunk layers N slots (at most one chunk per position)."""
+  hd, h, dt = model.d_model // model.num_heads, model.num_heads, model.dtype
+  byte_slots = model.byte_window if 0 < model.byte_window < total else total
+  return {
+      'encoder': [_cache(batch, byte_slots, h, hd, dt) for _ in range(model.encoder_layers)],
+      'main': [_cache(batch, total, h, hd, dt) for _ in range(model.main_layers)],
+      'decoder': [_cache(batch, byte_slots, h, hd, dt) for _ in range(model.decoder_layers)],
+      'last_chunk': jnp.zeros((batch, 1, model.d_model), dt),
+      'num_chunks': jnp.zeros((batch,), jnp.int32),
+      'history': jnp.zeros((batch, model.boundary.window), jnp.float32),  # a_{t-w} .. a_{t-1}.
+  }
+
+
+def policy_logit(policy, params, h, history):
+  """The policy's logit at t from h_t: [B, D] and the executed history [B, w] (a_{t-w}..a_{t-1}).
+
+  Runs the policy module itself in mode 'given' on w + 1 positions that all hold h_t: its logit at the
+  last position reads v(h_t) and the previous w - 1 decisions (position 0 is forced by the convention
+  but lies outside the history term, and a_t itself does not enter its own logit).
+  """
+  w = policy.window
+  hs = jnp.broadcast_to(h[:, None, :], (h.shape[0], w + 1, h.shape[-1]))
+  acts = jnp.concatenate([history, jnp.zeros((h.shape[0], 1))], axis=1)
+  policy = policy.clone(parent=None, capacity=w + 4)  # No drops inside this short window.
+  return policy.apply({'params': params}, hs, None, mode='given', actions=acts).logits[:, -1]
+
+
+def cached_step(model, params, caches, token, t, key, mode: str):
+  """One position through the cached layers. token: int32[B], t: scalar int32 ->
+  (caches, next-byte logits float32[B, V], a_t float32[B], policy logit float32[B])."""
+  b = token.shape[0]
+  d, h = model.d_model, model.num_heads
+  position = jnp.full((b,), t, jnp.int32)
+  ones = jnp.ones((b,), bool)
+  byte_stack = lambda n: CachedStack(n, h, model.byte_mlp_ratio * d, model.byte_window, model.dtype)
+  byte_slot = position % caches['encoder'][0]['pos'].shape[1] if model.encoder_layers else position
+  x = layers.Embed(model.vocab_size, d, model.dtype).apply({'params': params['embed']}, token[:, None])
+  hid, enc = byte_stack(model.encoder_layers).apply(
+      {'params': params['encoder']}, x, position, caches['encoder'], byte_slot, ones)
+  k_bnd, _ = _step_keys(key, t)
+  logit = policy_logit(model.boundary, params['boundary'], hid[:, 0], caches['history'])
+  a = decide(logit, t, k_bnd, mode)
+  close = a > 0.5
+  chunk_out, main = CachedStack(model.main_layers, h, model.main_mlp_ratio * d, 0, model.dtype).apply(
+      {'params': params['main']}, hid, position, caches['main'], caches['num_chunks'], close)
+  last = jnp.where(close[:, None, None], chunk_out, caches['last_chunk'])
+  dec_slot = position % caches['decoder'][0]['pos'].shape[1] if model.decoder_layers else position
+  y, dec = byte_stack(model.decoder_layers).apply(
+      {'params': params['decoder']}, hid + last, position, caches['decoder'], dec_slot, ones)
+  logits = layers.LMHead(model.vocab_size, model.dtype).apply({'params': params['head']}, y)[:, 0]
+  caches = {'encoder': enc, 'main': main, 'decoder': dec, 'last_chunk': last,
+            'num_chunks': caches['num_chunks'] + close.astype(jnp.int32),
+            'history': jnp.concatenate([caches['history'][:, 1:], a[:, None]], axis=1)}
+  return caches, logits, a, logit
+
+
+def uncached_step(model, params, tokens, actions, t, key, mode: str):
+  """The whole model on the buffer tokens: int32[B, N] with decisions actions: float32[B, N] for
+  positions < t -> (next-byte logits at t float32[B, V], a_t float32[B], policy logit float32[B])."""
+  k_bnd, _ = _step_keys(key, t)
+
+  def forward(m, tokens, actions):
+    # One spare position at the end takes the convention's forced last boundary, which would
+    # otherwise override the decision at t = N - 1.
+    tokens = jnp.pad(tokens, ((0, 0), (0, 1)), constant_values=PAD_ID)
+    actions = jnp.pad(actions, ((0, 0), (0, 1)))
+    hid, _ = m.encode(tokens)
+    logit = jnp.take(m.boundary(hid, None, mode='given', actions=actions).logits, t, axis=1)
+    a = decide(logit, t, k_bnd, mode)
+    bnd = m.boundary(hid, None, mode='given', actions=actions.at[:, t].set(a))
+    chunks, ends, valid = chunking.downsample(hid, bnd.actions, m.capacity)
+    x = chunking.upsample(hid, m.main(chunks, ends, valid), bnd.actions, bnd.chunk_gate)
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    logits = m.head(m.decoder(x, positions))
+    return jnp.take(logits, t, axis=1), a, logit
+
+  return model.apply({'params': params}, tokens, actions, method=forward)
+
+
+def with_capacity(model, capacity: int):
+  """The same model (same parameters) with a chunk buffer of `capacity` slots."""
+  return model.clone(parent=None, capacity=capacity,
+                     boundary=model.boundary.clone(parent=None, capacity=capacity))
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'num_bytes', 'mode', 'temperature', 'top_k',
+                                             'cached'))
+def generate(model, params, prompt, key, num_bytes: int, mode: str = 'sample',
+             temperature: float = 1.0, top_k: int = 0, cached: bool = True):
+  """Continues prompt: int32[B, P] (starting with BOS) by num_bytes bytes.
+
+  Returns {'tokens': int32[B, N] (prompt then generated bytes, N = P + num_bytes),
+  'actions': float32[B, N] (a_t; the last position's decision is made too),
+  'logits': float32[N, B, V] (next-byte logits at each step), 'policy_logits': float32[N, B]}.
+  """
+  b, p = prompt.shape
+  n = p + num_bytes
+  model = with_capacity(model, n + 1)
+  tokens0 = jnp.concatenate([prompt, jnp.full((b, num_bytes), PAD_ID, jnp.int32)], axis=1)
+
+  def step(carry, t):
+    tokens, actions, caches = carry
+    if cached:
+      caches, logits, a, logit = cached_step(model, params, caches, tokens[:, t], t, key, mode)
+    else:
+      logits, a, logit = uncached_step(model, params, tokens, actions, t, key, mode)
+    _, k_byte = _step_keys(key, t)
+    sampled = sample_byte(logits, k_byte, temperature, top_k)
+    nxt = jnp.where(t + 1 < p, jnp.take(tokens, jnp.minimum(t + 1, n - 1), axis=1), sampled)
+    tokens = tokens.at[:, t + 1].set(nxt, mode='drop')
+    actions = actions.at[:, t].set(a)
+    return (tokens, actions, caches), (logits, logit)
+
+  caches = init_caches(model, b, n) if cached else None
+  (tokens, actions, _), (logits, policy_logits) = jax.lax.scan(
+      step, (tokens0, jnp.zeros((b, n)), caches), jnp.arange(n))
+  return {'tokens': tokens, 'actions': actions, 'logits': logits, 'policy_logits': policy_logits}
+
+
+def encode_prompt(prompt: bytes, batch: int = 1):
+  """int32[batch, 1 + len(prompt)]: BOS then the prompt's bytes."""
+  if not prompt:
+    raise UserError('the prompt is empty; pass some text with --prompt="...".')
+  return jnp.asarray([[BOS_ID] + list(prompt)] * batch, jnp.int32)

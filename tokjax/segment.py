@@ -1,0 +1,182 @@
+r"""Apply a trained model's learned tokenizer to a text file.
+
+  python -m tokjax.segment --checkpoint DIR FILE [--out PREFIX] [--mode greedy|sample] [--delimiter '|']
+
+Writes PREFIX.txt (the text with the delimiter after every chunk), PREFIX.json (chunk byte offsets
+[start, end) that tile the file, and each byte's boundary probability), PREFIX.html (the text with each
+character shaded by the boundary probability of its last byte and a bar after each chunk) and
+PREFIX.png (a heatmap of the boundary probabilities of the first --png_bytes bytes). PREFIX defaults to
+FILE's name under DIR/segment/.
+
+Files longer than the model's seq_len are processed in overlapping windows: each window re-reads the
+encoder's receptive field of already-decided bytes as context and keeps only the decisions of the
+bytes after it, and never the window's forced last position (see `segmentation.segment_text`). For the
+independent (w = 1) policy the result equals one pass over the whole file; the file's first byte is
+read after a BOS, as a document's first byte is in training.
+"""
+
+import json
+import os
+import sys
+
+from absl import flags
+import jax
+import numpy as np
+
+from tokjax import cli
+from tokjax import evaluate
+from tokjax import segmentation
+from tokjax.errors import UserError
+
+
+def read_text(path: str) -> bytes:
+  if not os.path.isfile(path):
+    raise UserError(f'{path} is not a file; pass the path of a text file to segment.')
+  with open(path, 'rb') as f:
+    text = f.read()
+  if not text:
+    raise UserError(f'{path} is empty; give a file with some text to segment.')
+  return text
+
+
+def utf8_spans(text: bytes) -> list[tuple[int, int]]:
+  """[(start, end)] of the characters of text: valid UTF-8 sequences, or single stray bytes."""
+  spans, i, n = [], 0, len(text)
+  while i < n:
+    b = text[i]
+    size = 1 if b < 0x80 else 2 if b >> 5 == 6 else 3 if b >> 4 == 14 else 4 if b >> 3 == 30 else 1
+    if size > 1:
+      try:
+        text[i:i + size].decode('utf-8')
+      except UnicodeDecodeError:
+        size = 1
+    spans.append((i, min(i + size, n)))
+    i += size
+  return spans
+
+
+def to_html(text: bytes, actions, probs, title: str) -> str:
+  """Characters shaded by the boundary probability of their last byte; a bar ends each chunk."""
+  import html  # pylint: disable=g-import-not-at-top
+  parts = []
+  for s, e in utf8_spans(text):
+    ch = text[s:e].decode('utf-8', errors='replace')
+    p = float(probs[e - 1])
+    shown = {'\n': '&#8629;<br>', '\t': '&#8677;'}.get(ch, html.escape(ch).replace(' ', '&nbsp;'))
+    cut = ' class="cut"' if actions[e - 1] > 0.5 else ''
+    parts.append(f'<span{cut} style="background:rgba(220,40,40,{p:.2f})" title="p={p:.2f}">'
+                 f'{shown}</span>')
+  return (f'<!doctype html><meta charset="utf-8"><title>{html.escape(title)}</title>'
+          '<style>body{font-family:monospace;font-size:14px;line-height:1.7}'
+          '.cut{border-right:2px solid #1a5fb4}</style>'
+          f'<p>{html.escape(title)}: shade = boundary probability of the character\'s last byte; '
+          'a blue bar ends each chunk.</p><div>' + ''.join(parts) + '</div>\n')
+
+
+def plot_heatmap(text: bytes, actions, probs, path: str, title: str, cols: int = 64) -> str:
+  """PNG: bytes on a grid of `cols` columns coloured by boundary probability, chunk ends as bars."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  n = len(text)
+  rows = -(-n // cols)
+  grid = np.full(rows * cols, np.nan)
+  grid[:n] = probs[:n]
+  fig, ax = plt.subplots(figsize=(cols * 0.2 + 1.2, rows * 0.28 + 0.9))
+  im = ax.imshow(grid.reshape(rows, cols), cmap='Reds', vmin=0, vmax=1, aspect='auto')
+  for i in range(n):
+    r, c = divmod(i, cols)
+    b = text[i]
+    ch = chr(b) if 32 < b < 127 else {32: '\u2423', 10: '\u21b5', 9: '\u21e5'}.get(b, '\u00b7')
+    ax.text(c, r, ch, ha='center', va='center', fontsize=6.5, family='monospace')
+    if actions[i] > 0.5:
+      ax.plot([c + 0.5, c + 0.5], [r - 0.5, r + 0.5], color='#1a5fb4', lw=1.3)
+  ax.set_xticks([])
+  ax.set_yticks(range(rows))
+  ax.set_yticklabels([str(r * cols) for r in range(rows)], fontsize=6)
+  ax.set_title(title, fontsize=9)
+  fig.colorbar(im, ax=ax, fraction=0.02, pad=0.01, label='P(boundary)')
+  fig.tight_layout()
+  fig.savefig(path, dpi=130)
+  plt.close(fig)
+  return path
+
+
+def segment_file(checkpoint: str, file: str, out: str | None = None, mode: str = 'greedy',
+                 delimiter: str = '|', seed: int = 0, png_bytes: int = 1024,
+                 step: int | None = None) -> dict:
+  """Segments `file` with the run's boundary method; writes the four outputs; returns their paths and
+  the offsets and probabilities."""
+  if mode not in ('greedy', 'sample'):
+    raise UserError(f'--mode={mode!r} is not valid; use greedy or sample.')
+  text = read_text(file)
+  ckpt = evaluate.load_checkpoint(checkpoint, step)
+  config = ckpt.config
+  if config.model.kind != 'hierarchical':
+    raise UserError(f'{checkpoint} holds a flat model, which makes no chunks; pass a run of a '
+                    'hierarchical model.')
+  overlap = segmentation.window_overlap(config)
+  actions, probs = segmentation.segment_text(ckpt.model, ckpt.params, text, config.data.seq_len,
+                                             jax.random.PRNGKey(seed), mode, overlap)
+  offsets = segmentation.chunk_offsets(actions)
+  out = out or os.path.join(checkpoint, 'segment', os.path.basename(file))
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  title = f'{os.path.basename(file)}: {mode} boundaries of {checkpoint} (step {ckpt.step})'
+  paths = {k: f'{out}.{k}' for k in ('txt', 'json', 'html', 'png')}
+  with open(paths['txt'], 'w', encoding='utf-8') as f:
+    f.write(segmentation.render(text, actions, delimiter))
+  with open(paths['json'], 'w') as f:
+    json.dump({'file': os.path.abspath(file), 'checkpoint': os.path.abspath(checkpoint),
+               'step': ckpt.step, 'mode': mode, 'window_overlap': overlap,
+               'seq_len': config.data.seq_len, 'num_bytes': len(text), 'num_chunks': len(offsets),
+               'offsets': offsets, 'boundary_probs': [round(float(p), 4) for p in probs]}, f)
+  with open(paths['html'], 'w', encoding='utf-8') as f:
+    f.write(to_html(text, actions, probs, title))
+  k = min(png_bytes, len(text))
+  plot_heatmap(text[:k], actions[:k], probs[:k], paths['png'], title)
+  return {'paths': paths, 'offsets': offsets, 'actions': actions, 'probs': probs, 'text': text}
+
+
+def define_flags():
+  """The command-line flags (defined only when this module is the entry point)."""
+  flags.DEFINE_string('checkpoint', None, 'Run folder of a training run (its workdir).')
+  flags.DEFINE_string('file', None, 'Text file to segment (may also be given positionally).')
+  flags.DEFINE_string('out', None, 'Output prefix (default DIR/segment/FILENAME).')
+  flags.DEFINE_string('mode', 'greedy', 'Boundaries: greedy (p > 0.5) or sample.')
+  flags.DEFINE_string('delimiter', '|', 'Written after each chunk in the .txt output.')
+  flags.DEFINE_integer('seed', 0, 'Key for --mode=sample.')
+  flags.DEFINE_integer('png_bytes', 1024, 'Bytes shown in the PNG heatmap.')
+  flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  if not f.checkpoint or not f.file:
+    raise UserError('usage: python -m tokjax.segment --checkpoint DIR FILE [--out PREFIX].')
+  res = segment_file(f.checkpoint, f.file, f.out, f.mode, f.delimiter, f.seed, f.png_bytes, f.step)
+  n = len(res['text'])
+  print(f'{len(res["offsets"])} chunks over {n} bytes ({n / max(len(res["offsets"]), 1):.2f} bytes '
+        'per chunk); first lines:')
+  print(segmentation.render(res['text'][:400], res['actions'][:400], f.delimiter, max_lines=6))
+  print('wrote', *res['paths'].values())
+
+
+def positional_file(argv: list[str]) -> list[str]:
+  """Turns a lone positional FILE into --file=FILE (tokjax.cli accepts flags only)."""
+  try:
+    rest = flags.FLAGS(list(argv), known_only=True)[1:]
+  except flags.Error:
+    return argv  # cli.run reports the flag error itself.
+  finally:
+    flags.FLAGS.unparse_flags()
+  if len(rest) == 1 and not rest[0].startswith('-'):
+    i = len(argv) - 1 - argv[::-1].index(rest[0])
+    return argv[:i] + [f'--file={rest[0]}'] + argv[i + 1:]
+  return argv
+
+
+if __name__ == '__main__':
+  define_flags()
+  sys.argv = positional_file(sys.argv)
+  cli.run(main)
