@@ -41,3 +41,23 @@ def upsample(x, chunk_out, actions, gate=None):
   if gate is not None:
     y = y * gate[..., None].astype(y.dtype)
   return x + y
+
+
+def ema_chunks(chunk_out, probs, ends):
+  """H-Net smoothing: zbar_j = P_j z_j + (1 - P_j) zbar_{j-1}, P_j = probs at chunk j's last byte.
+
+  chunk_out: [B, C, D], probs: float32[B, L], ends: int32[B, C] (L for empty slots, which take P = 1 and
+  are never read by valid bytes) -> [B, C, D]. Causal: zbar_j mixes only chunks ending at or before
+  chunk j's end. Gradient reaches `probs`, which is how H-Net's router learns from the LM loss.
+  """
+  l = probs.shape[1]
+  p = jnp.take_along_axis(probs, jnp.minimum(ends, l - 1), axis=1)
+  p = jnp.where(ends < l, p, 1.0)[..., None].astype(chunk_out.dtype)  # [B, C, 1]
+
+  def combine(left, right):  # Linear recurrence z -> a z + b composed associatively.
+    a1, b1 = left
+    a2, b2 = right
+    return a1 * a2, a2 * b1 + b2
+
+  _, smoothed = jax.lax.associative_scan(combine, (1.0 - p, p * chunk_out), axis=1)
+  return smoothed

@@ -12,6 +12,7 @@ straight-through routers, fixed rules): the model does not know how they were ma
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from tokjax.models import chunking
@@ -32,6 +33,7 @@ class HierarchicalByteLM(nn.Module):
   main_mlp_ratio: int = 4
   capacity: int = 64
   dtype: layers.Dtype = jnp.float32
+  value_head: bool = False  # A critic on the (detached) encoder state, for estimator.baseline='value'.
 
   def setup(self):
     d, h = self.d_model, self.num_heads
@@ -42,6 +44,8 @@ class HierarchicalByteLM(nn.Module):
     self.decoder = byte_stack(self.decoder_layers)
     self.early_head = layers.LMHead(self.vocab_size, self.dtype)
     self.head = layers.LMHead(self.vocab_size, self.dtype)
+    if self.value_head:
+      self.critic = Critic(d)
 
   def encode(self, tokens):
     """tokens: int32[B, L] -> (h: [B, L, D], early_logits: float32[B, L, V])."""
@@ -55,11 +59,50 @@ class HierarchicalByteLM(nn.Module):
     Returns logits and early_logits: float32[B, L, V], boundaries: `Boundaries`, chunk_valid: bool[B, C].
     """
     h, early_logits = self.encode(tokens)
+    out = self._decode(h, tokens, early_logits, key, mode, actions, **boundary_kwargs)
+    if self.value_head:
+      out['values'] = self.critic(h)
+    return out
+
+  def sample_k(self, tokens, key, k: int, mode: str = 'sample', **boundary_kwargs) -> dict[str, Any]:
+    """K boundary draws per sequence sharing one encoder pass (for leave-one-out baselines).
+
+    tokens: int32[B, L]. Returns logits: float32[K*B, L, V] (row k*B + b is draw k of sequence b),
+    early_logits: float32[B, L, V] (computed once), boundaries and chunk_valid over K*B rows, and
+    values: float32[B, L] when the model has a critic.
+    """
+    h, early_logits = self.encode(tokens)
+    tile = lambda x: jnp.tile(x, (k,) + (1,) * (x.ndim - 1))
+    out = self._decode(tile(h), tile(tokens), tile(early_logits), key, mode, None, **boundary_kwargs)
+    out['early_logits'] = early_logits
+    if self.value_head:
+      out['values'] = self.critic(h)
+    return out
+
+  def _decode(self, h, tokens, early_logits, key, mode, actions, **boundary_kwargs):
+    """Boundaries, main and decoder stacks on encoder states h: [B, L, D] (see __call__)."""
     bnd = self.boundary(h, key, mode=mode, actions=actions, tokens=tokens,
                         early_logits=early_logits, **boundary_kwargs)
     chunks, ends, valid = chunking.downsample(h, bnd.actions, self.capacity)
     chunk_out = self.main(chunks, ends, valid)
+    if bnd.chunk_ema is not None:
+      chunk_out = chunking.ema_chunks(chunk_out, bnd.chunk_ema, ends)
     x = chunking.upsample(h, chunk_out, bnd.actions, bnd.chunk_gate)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     logits = self.head(self.decoder(x, positions))
     return {'logits': logits, 'early_logits': early_logits, 'boundaries': bnd, 'chunk_valid': valid}
+
+
+class Critic(nn.Module):
+  """Value head: stopgrad(h): [B, L, D] -> predicted return float32[B, L]. It reads a detached h, so its
+  regression loss trains only itself and leaves the encoder to the LM and policy losses."""
+  hidden: int
+
+  @nn.compact
+  def __call__(self, h):
+    x = jax.lax.stop_gradient(h).astype(jnp.float32)
+    x = nn.gelu(nn.Dense(self.hidden, name='hidden', dtype=jnp.float32,
+                         kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
+                                                                  ('embed', 'mlp')))(x))
+    return nn.Dense(1, name='out', dtype=jnp.float32,
+                    kernel_init=nn.with_logical_partitioning(nn.initializers.zeros, ('mlp', None)))(x)[..., 0]

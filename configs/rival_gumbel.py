@@ -1,0 +1,20 @@
+r"""Rival boundary method 'gumbel' in the hierarchical model, at CPU size (same model as configs/default.py).
+
+  python -m tokjax.train --config configs/rival_gumbel.py
+
+Dynamic token pooling: MLP predictor, Gumbel-sigmoid (temperature 1), hard threshold 0.5 with
+straight-through, binomial prior toward rate 0.2 (weight 1).
+Trained without a policy gradient (estimator.kind = 'none'); d_model 128, 1/2/1 blocks, L = 256, B = 16,
+600 steps on the standard-library corpus. Measured results at equal byte budget for every method:
+results/compare/ (python -m tokjax.experiments.compare).
+"""
+
+from tokjax.config_defaults import base_config
+
+
+def get_config():
+  c = base_config()
+  c.boundary.method = 'gumbel'
+  c.estimator.kind = 'none'
+  c.train.workdir = 'runs/rival_gumbel'
+  return c

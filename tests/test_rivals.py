@@ -1,0 +1,173 @@
+"""Rival boundary methods: causality of the whole model, straight-through gradients, BPE token starts,
+and each rate control reaching its target."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from tokjax.data import BOS_ID
+from tokjax.models import hierarchical
+from tokjax.models.rivals import bpe, entropy, gumbel, hnet, rules
+
+L, CAP = 48, 24
+_WORDS = b'the king and queen of a far land went to see thy noble lord with all her men '
+
+
+@pytest.fixture(scope='module')
+def tokenizer_json():
+  docs = [_WORDS * 20, b'thee and thou, my lord; the queen is dead.\n' * 20]
+  return bpe.train_tokenizer(docs, 300).to_str()
+
+
+def _boundary(method, tokenizer_json=None):
+  return {
+      'hnet': lambda: hnet.HNetRouter(target_rate=0.2, capacity=CAP),
+      'gumbel': lambda: gumbel.GumbelPooling(target_rate=0.2, capacity=CAP),
+      'entropy': lambda: entropy.EntropySpikes(target_rate=0.2, capacity=CAP),
+      'whitespace': lambda: rules.Whitespace(capacity=CAP),
+      'stride': lambda: rules.Stride(target_rate=0.2, capacity=CAP),
+      'uniform': lambda: rules.Uniform(target_rate=0.2, capacity=CAP),
+      'bpe': lambda: bpe.BPEGuided(tokenizer_json=tokenizer_json, capacity=CAP),
+  }[method]()
+
+
+def _model(boundary):
+  return hierarchical.HierarchicalByteLM(258, 32, 2, 1, 1, 1, boundary, byte_window=8, capacity=CAP)
+
+
+def _text_tokens(seed, b=2):
+  """Rows of text-like bytes (so whitespace, BPE and entropy rules fire), BOS first."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for _ in range(b):
+    start = rng.integers(0, len(_WORDS) - L)
+    rows.append([BOS_ID] + list((_WORDS * 2)[start:start + L - 1]))
+  return jnp.asarray(rows, jnp.int32)
+
+
+def _perturb_after(tokens, t):
+  """Replaces every byte after t by other text bytes (letters <-> spaces too)."""
+  swap = jnp.where(tokens == 32, 101, jnp.where(tokens == 101, 32, (tokens - 97 + 7) % 26 + 97))
+  return tokens.at[:, t + 1:].set(swap[:, t + 1:])
+
+
+@pytest.mark.parametrize('method', ['hnet', 'gumbel', 'entropy', 'whitespace', 'stride', 'uniform',
+                                    'bpe'])
+def test_every_method_is_causal(method, tokenizer_json):
+  """Nothing at or before t (logits, early logits, boundary probs or actions) depends on bytes > t.
+
+  BPE boundaries carry BPE's own within-word look-ahead (see rivals/bpe.py), so for 'bpe' the model is
+  checked given the boundaries of the unperturbed row.
+  """
+  model = _model(_boundary(method, tokenizer_json))
+  tokens = _text_tokens(0)
+  key = jax.random.PRNGKey(3)
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens, key))
+  apply = jax.jit(model.apply, static_argnames='mode')
+  kwargs = {}
+  if method == 'bpe':
+    given = apply(params, tokens, key)['boundaries'].actions
+    kwargs = dict(mode='given', actions=given)
+  for t in (17, 30):
+    a = apply(params, tokens, key, **kwargs)
+    b = apply(params, _perturb_after(tokens, t), key, **kwargs)
+    for name in ('logits', 'early_logits'):
+      np.testing.assert_allclose(a[name][:, :t + 1], b[name][:, :t + 1], atol=1e-5, err_msg=name)
+    for name in ('probs', 'actions'):
+      np.testing.assert_allclose(getattr(a['boundaries'], name)[:, :t + 1],
+                                 getattr(b['boundaries'], name)[:, :t + 1], atol=1e-5, err_msg=name)
+    assert np.abs(a['logits'][:, t + 1:] - b['logits'][:, t + 1:]).max() > 1e-4
+
+
+@pytest.mark.parametrize('method', ['hnet', 'gumbel'])
+def test_straight_through_methods_get_lm_gradient(method):
+  """The LM cross-entropy alone (no rate loss) reaches the boundary predictor's parameters."""
+  model = _model(_boundary(method))
+  tokens = _text_tokens(1, b=4)
+  key = jax.random.PRNGKey(5)
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens, key))['params']
+
+  def lm_loss(p):
+    logits = model.apply({'params': p}, tokens, key)['logits']
+    return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], tokens[:, 1:]).mean()
+
+  grads = jax.jit(jax.grad(lm_loss))(params)['boundary']
+  norms = {k: float(optax.tree.norm(v)) for k, v in grads.items()}
+  assert all(n > 1e-6 for n in norms.values()), norms
+
+
+def test_bpe_boundaries_are_the_tokenizer_token_starts(tokenizer_json):
+  tok = bpe._load(tokenizer_json)  # pylint: disable=protected-access
+  text = b'the queen and the king went to see thy noble lord, my lord; thee and'
+  text = text[:L - 1]
+  tokens = jnp.asarray([[BOS_ID] + list(text)], jnp.int32)
+  out = bpe.BPEGuided(tokenizer_json=tokenizer_json, capacity=L).apply({}, jnp.zeros((1, L, 4)),
+                                                                      None, tokens=tokens)
+  # Token starts from the token strings themselves (ASCII: one character per byte), shifted by BOS.
+  lengths = [len(s) for s in tok.encode(text.decode()).tokens]
+  expected = np.zeros(L)
+  expected[0] = 1
+  expected[1 + np.cumsum([0] + lengths[:-1])] = 1
+  assert len(lengths) < len(text)  # The tokenizer merges: starts are not every byte.
+  np.testing.assert_array_equal(np.asarray(out.actions[0, :L - 1]), expected[:L - 1])
+
+
+def _fit_rate(module, make_inputs, params, steps, lr):
+  """Minimises the module's aux_loss alone; returns the rate of the last 20 steps (free positions)."""
+  opt = optax.adam(lr)
+  state = opt.init(params)
+
+  @jax.jit
+  def step(params, state, key):
+    h, early = make_inputs(key)
+    def loss(p):
+      out = module.apply({'params': p}, h, key, tokens=jnp.zeros(h.shape[:2], jnp.int32),
+                         early_logits=early)
+      return out.aux_loss, jnp.mean(out.actions[:, 1:-1])
+    (_, rate), g = jax.value_and_grad(loss, has_aux=True)(params)
+    updates, state = opt.update(g, state, params)
+    return optax.apply_updates(params, updates), state, rate
+
+  rates = []
+  for i in range(steps):
+    params, state, rate = step(params, state, jax.random.PRNGKey(i))
+    rates.append(float(rate))
+  return rates[0], float(np.mean(rates[-20:]))
+
+
+def _h(key, d=16):
+  return jax.random.normal(key, (8, 64, d)), None
+
+
+def test_hnet_ratio_loss_reaches_target_rate():
+  """States share a weak common direction; the router can lower its rate by amplifying it."""
+  common_dir = jax.random.normal(jax.random.PRNGKey(99), (16,))
+  inputs = lambda key: (0.3 * common_dir + _h(key)[0], None)
+  module = hnet.HNetRouter(target_rate=0.2, capacity=64)
+  params = module.init(jax.random.PRNGKey(0), inputs(jax.random.PRNGKey(0))[0], None)['params']
+  first, last = _fit_rate(module, inputs, nn.unbox(params), 150, 1e-2)
+  assert first > 0.35 and abs(last - 0.2) < 0.05, (first, last)
+
+
+def test_gumbel_binomial_prior_reaches_target_rate():
+  module = gumbel.GumbelPooling(target_rate=0.2, capacity=64)
+  params = nn.unbox(module.init(jax.random.PRNGKey(0), _h(jax.random.PRNGKey(0))[0],
+                                jax.random.PRNGKey(1))['params'])
+  params['mlp_out']['bias'] = jnp.full_like(params['mlp_out']['bias'], 1.0)  # Start at rate ~0.7.
+  first, last = _fit_rate(module, _h, params, 150, 1e-2)
+  assert first > 0.5 and abs(last - 0.2) < 0.05, (first, last)
+
+
+def test_entropy_threshold_reaches_target_rate():
+  def inputs(key):
+    k1, k2 = jax.random.split(key)
+    scale = jax.random.uniform(k1, (8, 64, 1), minval=0.5, maxval=4.0)
+    return jnp.zeros((8, 64, 4)), scale * jax.random.normal(k2, (8, 64, 258))
+  module = entropy.EntropySpikes(target_rate=0.2, capacity=64)
+  params = module.init(jax.random.PRNGKey(0), jnp.zeros((8, 64, 4)), None,
+                       early_logits=inputs(jax.random.PRNGKey(0))[1])['params']
+  first, last = _fit_rate(module, inputs, params, 300, 2e-3)
+  assert first > 0.6 and abs(last - 0.2) < 0.05, (first, last)

@@ -1,0 +1,1 @@
+"""Experiments built on the trainer: `compare` trains every boundary method at equal budget."""
