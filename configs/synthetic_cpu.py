@@ -1,0 +1,31 @@
+r"""The synthetic learning check: does the score-function policy find planted word ends? (CPU size.)
+
+  python -m tokjax.experiments.synthetic --steps 800 --eval_every 100 --out results/synthetic
+
+Corpus (tokjax/experiments/synthetic.py): fresh random words of 2..6 letters each closed by a space
+(3..7 bytes, planted rate 0.197), in blocks of 3..6 words each followed by an exact copy; one document
+is one training window (seq_len - 1 bytes); 4000 training documents, 128 held-out ones.
+Model: d_model 64, 4 heads, encoder/main/decoder 1/2/1 blocks, byte window 8, capacity 64,
+L = 128, B = 16, lr 3e-3, 0.24M parameters; runs: method, control (lambda_rl = 0), oracle
+(whitespace rule = the planted ends), uniform.
+Measured (1 core, about 3-4 min per run; results/synthetic/results.md): at 800 steps the method's
+greedy boundaries have F1 1.000 against the planted ends (already at step 100) and its sampled ones
+0.872 (0.615 at step 100), vs 0.216 for the control's sampled boundaries (chance). Bits-per-byte:
+method 4.231, control 4.220, oracle 4.234, uniform 4.221 -- placement does not change the loss at this
+length, because no run learned to use the copies within 800 steps (copy-byte bpb within 0.05 of the
+rest).
+"""
+
+from tokjax.config_defaults import base_config
+
+
+def get_config():
+  c = base_config()
+  c.data.update(corpus='', seq_len=128, batch_size=16, val_fraction=0.05, test_fraction=0.05)
+  c.model.update(d_model=64, num_heads=4, encoder_layers=1, main_layers=2, decoder_layers=1,
+                 byte_window=8, capacity=64)
+  c.optim.update(lr=3e-3, warmup_steps=30)
+  c.train.update(steps=800, log_every=50, eval_every=100, checkpoint_every=100,
+                 keep_checkpoints=100, workdir='runs/synthetic')
+  c.eval.update(batch_size=16, max_batches=4)
+  return c
