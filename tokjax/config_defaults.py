@@ -56,6 +56,14 @@ def base_config() -> ml_collections.ConfigDict:
       rate_loss=True,
       target_rate=target_rate,
       off_policy_steps=0,     # Warm start: draw from Bernoulli(r*) for this many steps.
+      # Baseline of the score function (tokjax/estimator.py): 'batch' (the paper's batch-relative
+      # advantage, switched by batch_relative) | 'rloo' (leave-one-out over rloo_k boundary draws per
+      # sequence, one encoder pass) | 'value' (critic head on the encoder state, GAE(gamma, gae_lambda),
+      # critic regression weighted by value_weight).
+      baseline='batch',
+      rloo_k=4,
+      gae_lambda=0.95,
+      value_weight=0.01,
   )
   c.optim = dict(
       lr=2e-3, warmup_steps=50, warmup_init_factor=0.1, min_lr_factor=0.0,
@@ -115,6 +123,19 @@ def validate(config) -> None:
                     'chunk); about 2 * target_rate * seq_len is a safe size.')
   if not 0.0 <= config.estimator.gamma <= 1.0:
     raise UserError(f'config.estimator.gamma={config.estimator.gamma} must be in [0, 1].')
+  est = config.estimator
+  baseline = est.get('baseline', 'batch')  # Configs saved before these fields existed still load.
+  if baseline not in ('batch', 'rloo', 'value'):
+    raise UserError(f'config.estimator.baseline={baseline!r} is not valid; use one of '
+                    "('batch', 'rloo', 'value').")
+  if baseline == 'rloo' and not (isinstance(est.rloo_k, int) and est.rloo_k >= 2):
+    raise UserError(f'config.estimator.rloo_k={est.rloo_k!r} must be an integer >= 2 (leave-one-out '
+                    'needs at least two boundary draws per sequence).')
+  if baseline == 'value' and not 0.0 <= est.gae_lambda <= 1.0:
+    raise UserError(f'config.estimator.gae_lambda={est.gae_lambda} must be in [0, 1].')
+  if baseline != 'batch' and (est.kind != 'score_function' or config.model.kind != 'hierarchical'):
+    raise UserError(f'config.estimator.baseline={baseline!r} needs estimator.kind="score_function" and '
+                    'model.kind="hierarchical"; set --config.estimator.baseline=batch.')
   if config.optim.lr <= 0:
     raise UserError(f'config.optim.lr={config.optim.lr} must be positive.')
 

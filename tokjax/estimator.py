@@ -7,6 +7,15 @@ Per byte position t of row b (CE in nats of predicting byte t+1 at position t):
   4. policy loss -lambda_rl * mean_bt(stopgrad(w_bt G_bt) * log pi(a_bt)) over the policy's own decisions
                  (w_bt: importance ratio pi/mu during an off-policy warm start, else 1)
   5. rate loss   lambda_rate * mean_bt(logit_bt) * stopgrad(mean(p) - target_rate)
+Baselines past the paper (config.estimator.baseline; 'batch' is step 2 above, the default):
+  'rloo'   K draws of boundaries per sequence (rows k*B + b, sharing one encoder pass):
+           A_kbt = r_kbt - mean_{k' != k} r_k'bt, then discounted as in step 3. The other draws are
+           independent of draw k's actions, so this baseline adds no bias at any gamma.
+  'value'  a critic V_bt(encoder state h_bt) and GAE(gamma, lambda):
+           delta_t = r_t + gamma V_{t+1} - V_t,  A_t = delta_t + gamma lambda A_{t+1};
+           the critic is regressed on the detached discounted return G_t (value_weight * MSE relative to
+           mean G^2). h_bt does
+           not depend on any action, so at gamma = lambda = 1 (A_t = G_t - V_t) it is unbiased.
 The sign: a high return means "better than exiting early", so raising log pi of the action that
 preceded it lowers the loss. Rewards are detached: the LM losses never reach the policy's logits.
 """
@@ -47,6 +56,47 @@ def discounted_returns(a, gamma: float):
   return g.T
 
 
+def leave_one_out_advantages(r, mask, k: int):
+  """A = r - mean of the other k - 1 draws of the same sequence, per position.
+
+  r, mask: [K*B, L], sample-major (row k*B + b is draw k of sequence b) -> [K*B, L]. Positions where a
+  draw is masked take no part in the others' baseline.
+  """
+  kb, l = r.shape
+  if kb % k:
+    raise ValueError(f'{kb} rows do not split into rloo_k={k} draws per sequence')
+  mask = mask.astype(r.dtype)
+  rk, mk = (r * mask).reshape(k, kb // k, l), mask.reshape(k, kb // k, l)
+  others = (jnp.sum(rk, 0)[None] - rk) / jnp.maximum(jnp.sum(mk, 0)[None] - mk, 1.0)
+  return ((rk - others) * mk).reshape(kb, l)
+
+
+def gae_advantages(r, values, gamma: float, lam: float, mask):
+  """Generalised advantage estimation. r, values, mask: [B, L] -> A: [B, L] (no gradient to values).
+
+  delta_t = r_t + gamma V_{t+1} - V_t (V after the last position is 0), A_t = sum_k (gamma lam)^k
+  delta_{t+k}. At gamma = lam = 1, A_t = G_t - V_t.
+  """
+  mask = mask.astype(r.dtype)
+  v = jax.lax.stop_gradient(values) * mask
+  v_next = jnp.pad(v[:, 1:], ((0, 0), (0, 1)))
+  return discounted_returns((r + gamma * v_next - v) * mask, gamma * lam)
+
+
+def value_loss(values, returns, mask):
+  """Critic regression: masked mean of (V - stopgrad(G))^2 / stopgrad(mean G^2), scale-free.
+
+  values, returns, mask: [B, L] -> scalar. Returns of hundreds of bytes reach tens of nats; a raw MSE
+  of that size would dominate the global-norm gradient clip and shrink every other update, so the
+  error is measured relative to the returns' own mean square (1 for a critic that predicts 0).
+  """
+  mask = mask.astype(values.dtype)
+  g = jax.lax.stop_gradient(returns) * mask
+  n = jnp.maximum(jnp.sum(mask), 1.0)
+  err = (values - g) * mask
+  return jnp.sum(err * err) / n / jnp.maximum(jnp.sum(g * g) / n, 1e-6)
+
+
 def policy_loss(log_probs, returns, free, weights=None):
   """-mean_bt(stopgrad(w G) log pi(a)) over the policy's decisions (`free`), normalised by B * L."""
   coef = jax.lax.stop_gradient(returns if weights is None else weights * returns)
@@ -61,22 +111,46 @@ def rate_loss(logits, probs, mask, target_rate: float):
   return jnp.sum(logits * mask) / n * jax.lax.stop_gradient(mean_p - target_rate)
 
 
-def score_function_terms(ce_full, ce_early, bnd, mask, cfg):
-  """The policy and rate losses of a boundary draw, and diagnostics.
+def advantages_and_returns(r, mask, cfg, values=None):
+  """The coefficient G of log pi under cfg.baseline, and the critic's loss (0 without a critic).
+
+  r: float32[B, L] rewards (rows sample-major in K groups for 'rloo'); values: float32[B, L] for
+  'value'. Returns (adv: [B, L] per-position advantages before discounting (GAE deltas for 'value'),
+  G: [B, L], critic loss: scalar).
+  """
+  baseline = cfg.get('baseline', 'batch')
+  if baseline == 'batch':
+    adv = batch_relative_advantages(r, mask) if cfg.batch_relative else r
+    return adv, discounted_returns(adv, cfg.gamma), jnp.zeros(())
+  if baseline == 'rloo':
+    adv = leave_one_out_advantages(r, mask, cfg.rloo_k)
+    return adv, discounted_returns(adv, cfg.gamma), jnp.zeros(())
+  if baseline == 'value':
+    if values is None:
+      raise ValueError('baseline "value" needs the critic\'s values (model built with value_head=True)')
+    g = gae_advantages(r, values, cfg.gamma, cfg.gae_lambda, mask)
+    return g, g, value_loss(values, discounted_returns(r, cfg.gamma), mask)
+  raise ValueError(f'unknown baseline {baseline!r}; use "batch", "rloo" or "value"')
+
+
+def score_function_terms(ce_full, ce_early, bnd, mask, cfg, values=None):
+  """The policy and rate losses of a boundary draw (and the critic's loss), and diagnostics.
 
   ce_full, ce_early: float32[B, L]; bnd: `Boundaries`; mask: float32[B, L] of valid targets;
-  cfg: the `estimator` config (reward, batch_relative, gamma, lambda_rl, lambda_rate, target_rate).
-  Returns (loss: scalar, metrics: dict of scalars).
+  cfg: the `estimator` config (reward, batch_relative, gamma, lambda_rl, lambda_rate, target_rate,
+  and optionally baseline, rloo_k, gae_lambda, value_weight); values: float32[B, L] critic output for
+  baseline 'value'. Returns (loss: scalar, metrics: dict of scalars).
   """
   r = rewards(ce_full, ce_early, cfg.reward) * mask
-  adv = batch_relative_advantages(r, mask) if cfg.batch_relative else r
-  g = discounted_returns(adv, cfg.gamma)
+  adv, g, critic = advantages_and_returns(r, mask, cfg, values)
   free = bnd.free & (mask > 0)
   log_ratio = bnd.stats.get('log_ratio')
   weights = None if log_ratio is None else jnp.exp(log_ratio)
   pg = policy_loss(bnd.log_probs, g, free, weights)
   rate = rate_loss(bnd.logits, bnd.probs, free, cfg.target_rate)
   loss = cfg.lambda_rl * pg + (cfg.lambda_rate * rate if cfg.rate_loss else 0.0)
+  if values is not None:
+    loss = loss + cfg.value_weight * critic
   n_free = jnp.maximum(jnp.sum(free), 1)
   p = jnp.clip(bnd.probs, 1e-6, 1 - 1e-6)
   entropy = -(p * jnp.log(p) + (1 - p) * jnp.log1p(-p))
@@ -88,4 +162,6 @@ def score_function_terms(ce_full, ce_early, bnd, mask, cfg):
       'advantage_var': jnp.sum(jnp.where(free, (adv - adv_mean) ** 2, 0.0)) / n_free,
       'return_abs': jnp.sum(jnp.where(free, jnp.abs(g), 0.0)) / n_free,
   }
+  if values is not None:
+    metrics['value_loss'] = critic
   return loss, metrics

@@ -63,18 +63,30 @@ def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample'):
   kwargs = {}
   if est.off_policy_steps > 0:
     kwargs['behavior'] = step < est.off_policy_steps
-  out = model.apply({'params': params}, batch['inputs'], key, mode=mode, **kwargs)
-  mask, bnd = batch['mask'], out['boundaries']
-  ce_full = cross_entropy(out['logits'], batch['targets']) * mask
-  ce_early = cross_entropy(out['early_logits'], batch['targets']) * mask
+  baseline = est.get('baseline', 'batch') if est.kind == 'score_function' else 'batch'
+  inputs, targets, mask = batch['inputs'], batch['targets'], batch['mask']
+  if baseline == 'rloo':
+    # rloo_k draws per sequence, one encoder pass; rows k*B + b. The LM loss averages over all draws.
+    k = est.rloo_k
+    out = model.apply({'params': params}, inputs, key, k, mode=mode, method='sample_k', **kwargs)
+    ce_early = jnp.tile(cross_entropy(out['early_logits'], targets) * mask, (k, 1))
+    tile = lambda x: jnp.tile(x, (k, 1))
+    inputs, targets, mask = tile(inputs), tile(targets), tile(mask)
+  else:
+    out = model.apply({'params': params}, inputs, key, mode=mode, **kwargs)
+    ce_early = cross_entropy(out['early_logits'], targets) * mask
+  bnd = out['boundaries']
+  ce_full = cross_entropy(out['logits'], targets) * mask
   loss_full, loss_early = masked_mean(ce_full, mask), masked_mean(ce_early, mask)
   loss = (1.0 - est.lambda_early) * loss_full + est.lambda_early * loss_early + bnd.aux_loss
   metrics = {'bpb': loss_full / LN2, 'bpb_early': loss_early / LN2}
   if est.kind == 'score_function':
-    rl_loss, rl_metrics = estimator.score_function_terms(ce_full, ce_early, bnd, mask, est)
+    rl_loss, rl_metrics = estimator.score_function_terms(ce_full, ce_early, bnd, mask, est,
+                                                         values=out.get('values'))
     loss = loss + rl_loss
     metrics.update(rl_metrics)
-  metrics.update(boundary_metrics(batch['inputs'], bnd.actions, mask, bnd.dropped))
+  metrics.update(boundary_metrics(inputs, bnd.actions, mask, bnd.dropped))
   metrics.update({k: v for k, v in bnd.stats.items() if jnp.ndim(v) == 0})
   metrics['loss'] = loss
-  return loss, (metrics, ce_full)
+  # CE of the first draw only: callers count bytes over the B rows of the batch.
+  return loss, (metrics, ce_full[:batch['mask'].shape[0]])

@@ -33,7 +33,8 @@ def build_model(config):
   return hierarchical.HierarchicalByteLM(
       VOCAB_SIZE, m.d_model, m.num_heads, m.encoder_layers, m.main_layers, m.decoder_layers,
       build_boundary(config), byte_window=m.byte_window, byte_mlp_ratio=m.byte_mlp_ratio,
-      main_mlp_ratio=m.main_mlp_ratio, capacity=m.capacity, dtype=dtype)
+      main_mlp_ratio=m.main_mlp_ratio, capacity=m.capacity, dtype=dtype,
+      value_head=config.estimator.get('baseline', 'batch') == 'value')
 
 
 def init_args(config, batch_size: int, seq_len: int):
