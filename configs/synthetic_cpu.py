@@ -2,6 +2,9 @@ r"""The synthetic learning check: does the score-function policy find planted wo
 
   python -m tokjax.experiments.synthetic --steps 800 --eval_every 100 --out results/synthetic
 
+Once that command has written its corpus, the method alone trains with
+  python -m tokjax.train --config configs/synthetic_cpu.py --config.data.corpus=runs/synthetic/corpus
+
 Corpus (tokjax/experiments/synthetic.py): fresh random words of 2..6 letters each closed by a space
 (3..7 bytes, planted rate 0.197), in blocks of 3..6 words each followed by an exact copy; one document
 is one training window (seq_len - 1 bytes); 4000 training documents, 128 held-out ones.
