@@ -15,6 +15,8 @@ def _fresh(window: int):
   c.boundary.window, c.boundary.scale = window, 4.0  # A sequential policy reads its own history.
   model = models.build_model(c)
   params = nn.unbox(model.init(jax.random.PRNGKey(1), *models.init_args(c, 1, 32))['params'])
+  if window == 1:  # The independent policy has no logit scale: spread its logits directly instead.
+    params['boundary']['proj']['kernel'] = params['boundary']['proj']['kernel'] * 100.0
   return model, params
 
 

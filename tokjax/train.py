@@ -28,8 +28,9 @@ from tokjax.data import pipeline
 from tokjax.errors import UserError
 from tokjax.metric_writers import MetricWriter, plot_curves
 
-_CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config file (ml_collections).')
-_RESUME = flags.DEFINE_bool('resume', False, 'Continue from the latest checkpoint in the workdir.')
+if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
+  _CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config file (ml_collections).')
+  _RESUME = flags.DEFINE_bool('resume', False, 'Continue from the latest checkpoint in the workdir.')
 
 
 def prepare_workdir(workdir: str, resume: bool) -> None:

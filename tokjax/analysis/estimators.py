@@ -471,15 +471,16 @@ def write_outputs(result: dict, out_dir: str, command: str, name: str = 'results
 # ----------------------------------------------------------------------------------------------------
 # Command line.
 
-_CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'Run folder of a trained model to measure.')
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config of a fresh (untrained) model.')
-_SAMPLES = flags.DEFINE_integer('samples', 4000, 'Boundary draws of the batch per variant.')
-_REF_SAMPLES = flags.DEFINE_integer('ref_samples', 0, 'Draws of the sampled reference (0 = 4 x samples).')
-_RLOO_K = flags.DEFINE_integer('rloo_k', 4, 'Draws per sequence of the RLOO variants.')
-_BATCH = flags.DEFINE_integer('batch', 8, 'Rows of the tiny model\'s batch.')
-_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the tiny problem and of the draws.')
-_OUT = flags.DEFINE_string('out', 'results/estimators', 'Output folder.')
-_NAME = flags.DEFINE_string('name', '', 'File stem of the outputs (default: tiny | config | checkpoint).')
+if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
+  _CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'Run folder of a trained model to measure.')
+  _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config of a fresh (untrained) model.')
+  _SAMPLES = flags.DEFINE_integer('samples', 4000, 'Boundary draws of the batch per variant.')
+  _REF_SAMPLES = flags.DEFINE_integer('ref_samples', 0, 'Draws of the sampled reference (0 = 4 x samples).')
+  _RLOO_K = flags.DEFINE_integer('rloo_k', 4, 'Draws per sequence of the RLOO variants.')
+  _BATCH = flags.DEFINE_integer('batch', 8, 'Rows of the tiny model\'s batch.')
+  _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the tiny problem and of the draws.')
+  _OUT = flags.DEFINE_string('out', 'results/estimators', 'Output folder.')
+  _NAME = flags.DEFINE_string('name', '', 'File stem of the outputs (default: tiny | config | checkpoint).')
 
 
 def _model_setup(config, params, seed: int) -> Setup:

@@ -30,12 +30,13 @@ from ml_collections import config_flags
 from tokjax import cli
 from tokjax.errors import UserError
 
-_CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config file (ml_collections).')
-_DEVICES = flags.DEFINE_list('devices', ['1', '2', '4', '8'], 'Device counts to measure.')
-_LAYOUT = flags.DEFINE_enum('layout', 'fsdp', ['fsdp', 'data', 'tensor'], 'Mesh axis to scale.')
-_STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per device count (after 2 warm-up steps).')
-_OUT = flags.DEFINE_string('out', '', 'Also write the rows as JSON to this file.')
-_WORKER = flags.DEFINE_integer('worker', 0, 'Internal: measure this many devices in this process.')
+if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
+  _CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config file (ml_collections).')
+  _DEVICES = flags.DEFINE_list('devices', ['1', '2', '4', '8'], 'Device counts to measure.')
+  _LAYOUT = flags.DEFINE_enum('layout', 'fsdp', ['fsdp', 'data', 'tensor'], 'Mesh axis to scale.')
+  _STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per device count (after 2 warm-up steps).')
+  _OUT = flags.DEFINE_string('out', '', 'Also write the rows as JSON to this file.')
+  _WORKER = flags.DEFINE_integer('worker', 0, 'Internal: measure this many devices in this process.')
 
 MIB = 2.0 ** 20
 

@@ -26,9 +26,10 @@ from tokjax import models
 from tokjax import sharding
 from tokjax import train_state
 
-_CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config file (ml_collections).')
-_SEQ_LENS = flags.DEFINE_list('seq_lens', ['512', '2048'], 'Sequence lengths to measure.')
-_STEPS = flags.DEFINE_integer('steps', 5, 'Timed steps per measurement.')
+if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
+  _CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config file (ml_collections).')
+  _SEQ_LENS = flags.DEFINE_list('seq_lens', ['512', '2048'], 'Sequence lengths to measure.')
+  _STEPS = flags.DEFINE_integer('steps', 5, 'Timed steps per measurement.')
 
 
 def _median_seconds(fn, steps: int) -> float:

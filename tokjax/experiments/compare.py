@@ -44,17 +44,18 @@ from tokjax.models import rivals
 
 METHODS = ('policy',) + rivals.METHODS + ('flat',)
 
-_CORPUS = flags.DEFINE_string('corpus', 'shakespeare', 'Corpus spec (see tokjax/data/corpora.py).')
-_BYTES = flags.DEFINE_float('bytes', 2e6, 'Training byte budget per method (steps = bytes / (B * L)).')
-_OUT = flags.DEFINE_string('out', 'results/compare/run', 'Results folder.')
-_METHODS = flags.DEFINE_list('methods', ','.join(METHODS), 'Methods to train, from ' + ','.join(METHODS))
-_TINY = flags.DEFINE_bool('tiny', False, 'Tiny model and eval (smoke tests).')
-_EVAL_DOCS = flags.DEFINE_integer('eval_docs', 0, 'Evaluate at most this many val and test documents '
-                                  '(0 = all).')
-_EVAL_DOC_BYTES = flags.DEFINE_integer('eval_doc_bytes', 0, 'Evaluate at most this many bytes of each '
-                                       'document (its start; 0 = whole documents).')
-_EVAL_EVERY = flags.DEFINE_integer('evals', 4, 'Val evaluations during training (curve points).')
-_SEED = flags.DEFINE_integer('seed', 0, 'Seed of every run.')
+if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
+  _CORPUS = flags.DEFINE_string('corpus', 'shakespeare', 'Corpus spec (see tokjax/data/corpora.py).')
+  _BYTES = flags.DEFINE_float('bytes', 2e6, 'Training byte budget per method (steps = bytes / (B * L)).')
+  _OUT = flags.DEFINE_string('out', 'results/compare/run', 'Results folder.')
+  _METHODS = flags.DEFINE_list('methods', ','.join(METHODS), 'Methods to train, from ' + ','.join(METHODS))
+  _TINY = flags.DEFINE_bool('tiny', False, 'Tiny model and eval (smoke tests).')
+  _EVAL_DOCS = flags.DEFINE_integer('eval_docs', 0, 'Evaluate at most this many val and test documents '
+                                    '(0 = all).')
+  _EVAL_DOC_BYTES = flags.DEFINE_integer('eval_doc_bytes', 0, 'Evaluate at most this many bytes of each '
+                                         'document (its start; 0 = whole documents).')
+  _EVAL_EVERY = flags.DEFINE_integer('evals', 4, 'Val evaluations during training (curve points).')
+  _SEED = flags.DEFINE_integer('seed', 0, 'Seed of every run.')
 
 
 def method_config(method: str, corpus: str, tiny: bool, seed: int = 0):

@@ -53,20 +53,21 @@ from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 from tokjax.losses import LN2, cross_entropy
 
-_STEPS = flags.DEFINE_integer('steps', 800, 'Training steps of each run.')
-_OUT = flags.DEFINE_string('out', 'results/synthetic', 'Results folder (results.md, results.json).')
-_WORKDIR = flags.DEFINE_string('workdir', 'runs/synthetic', 'Folder of the generated corpus and the '
-                               'training runs (kept out of the results folder).')
-_EVAL_EVERY = flags.DEFINE_integer('eval_every', 100, 'Checkpoint and evaluate every this many steps.')
-_TRAIN_DOCS = flags.DEFINE_integer('train_docs', 4000, 'Training corpus documents.')
-_EVAL_DOCS = flags.DEFINE_integer('eval_docs', 128, 'Held-out documents scored at every checkpoint.')
 RUNS = ('method', 'control', 'oracle', 'uniform')
-_RUNS = flags.DEFINE_list('runs', ','.join(RUNS), 'Runs to train, some of ' + ','.join(RUNS) + '.')
-_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the corpus and the runs.')
-_LEXICON = flags.DEFINE_integer('lexicon_size', 0, 'Words from a fixed lexicon of this size (0 = fresh '
-                                'random words).')
-_TERMINATOR = flags.DEFINE_string('terminator', ' ', 'Bytes ending every word (\'\' = undelimited; the '
-                                  'oracle run needs a space).')
+if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
+  _STEPS = flags.DEFINE_integer('steps', 800, 'Training steps of each run.')
+  _OUT = flags.DEFINE_string('out', 'results/synthetic', 'Results folder (results.md, results.json).')
+  _WORKDIR = flags.DEFINE_string('workdir', 'runs/synthetic', 'Folder of the generated corpus and the '
+                                 'training runs (kept out of the results folder).')
+  _EVAL_EVERY = flags.DEFINE_integer('eval_every', 100, 'Checkpoint and evaluate every this many steps.')
+  _TRAIN_DOCS = flags.DEFINE_integer('train_docs', 4000, 'Training corpus documents.')
+  _EVAL_DOCS = flags.DEFINE_integer('eval_docs', 128, 'Held-out documents scored at every checkpoint.')
+  _RUNS = flags.DEFINE_list('runs', ','.join(RUNS), 'Runs to train, some of ' + ','.join(RUNS) + '.')
+  _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the corpus and the runs.')
+  _LEXICON = flags.DEFINE_integer('lexicon_size', 0, 'Words from a fixed lexicon of this size (0 = fresh '
+                                  'random words).')
+  _TERMINATOR = flags.DEFINE_string('terminator', ' ', 'Bytes ending every word (\'\' = undelimited; the '
+                                    'oracle run needs a space).')
 
 LETTERS = b'abcdefghijklmnopqrstuvwxyz'
 
