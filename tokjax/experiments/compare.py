@@ -212,7 +212,7 @@ def write_outputs(out_dir, results, meta, passage):
            f'documents (first {meta["eval_docs"] or "all"} documents, first {meta["eval_doc_bytes"] or "all"} '
            'bytes of each). Rate, bytes/chunk and whitespace fraction (fraction of '
            'whitespace bytes that end a chunk) are on test, sampled. Train B/s: median over log '
-           'intervals (one core).', '',
+           'intervals (on the machine and cores the command ran on).', '',
            '| method | params | val bpb | test bpb | rate | bytes/chunk | ws fraction | train B/s | wall s |',
            '|---|---|---|---|---|---|---|---|---|']
   for r in results:
