@@ -1,7 +1,5 @@
 """The score-function estimator: returns, advantages, signs, and unbiasedness against enumeration."""
 
-import itertools
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -11,6 +9,7 @@ import pytest
 
 from tokjax import estimator
 from tokjax import losses
+from tokjax.analysis import estimators as lab
 from tokjax.models import boundaries as bd
 from tokjax.models import hierarchical
 
@@ -95,8 +94,7 @@ def test_score_function_gradient_is_unbiased_against_exact_enumeration(window):
   l = tokens1.shape[1]
 
   # Exact: every free pattern (positions 1..6), forced ends.
-  patterns = jnp.array([[1, *bits, 1] for bits in itertools.product([0, 1], repeat=l - 2)],
-                       jnp.float32)
+  patterns = lab.all_patterns(l)
   n_pat = patterns.shape[0]
   ce_all, bnd_all = _per_row_ce(model, params, tile(tokens1, n_pat), tile(targets1, n_pat), None,
                                 'given', patterns)

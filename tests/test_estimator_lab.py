@@ -1,6 +1,7 @@
 """The estimator lab: its statistics, and bias against exact enumeration on the tiny model for plain
 REINFORCE, the Gumbel straight-through estimator, RLOO and the value baseline (GAE(1, 1))."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -157,3 +158,34 @@ def test_training_objective_with_the_new_baselines(baseline):
   else:
     assert 'critic' not in params
     assert float(jnp.abs(grads['boundary']['proj']['kernel']).sum()) > 0
+
+
+def test_learned_critic_variant_uses_the_models_critic_and_stays_unbiased(tiny):
+  """The checkpoint lab's 'learned critic' rows: a critic that outputs 0 gives exactly the no-baseline
+  estimates; a random critic of the encoder state changes every estimate yet leaves GAE(1, 1) unbiased
+  against exact enumeration (it reads no action)."""
+  base = tiny['policy']
+  model = base.model.clone(value_head=True)
+  init = nn.unbox(model.init(jax.random.PRNGKey(3), base.tokens[:1], jax.random.PRNGKey(0)))['params']
+  critic = jax.tree.map(lambda x: x, init['critic'])
+  setup = lab.Setup(model, dict(base.params, critic=critic), base.tokens, base.targets, base.mask)
+  assert float(jnp.abs(lab.learned_values(setup, lab.encode(setup)[0])).max()) == 0.0  # Zero-init out.
+  learned = lab.Variant('learned', 'early_exit', 'value', 1.0, 1.0, critic='learned')
+  none = lab.Variant('none', 'early_exit', 'none', 1.0)
+  zero = {r['name']: r for r in lab.run_lab(setup, jax.random.PRNGKey(4), 64, [learned, none],
+                                               log=lambda *_: None)['rows']}
+  assert zero['learned']['variance'] == pytest.approx(zero['none']['variance'], rel=1e-6)
+  critic['out']['kernel'] = jax.random.normal(jax.random.PRNGKey(5), critic['out']['kernel'].shape) * 3.0
+  setup = lab.Setup(model, dict(base.params, critic=critic), base.tokens, base.targets, base.mask)
+  h = lab.encode(setup)[0]
+  assert float(jnp.std(lab.learned_values(setup, h))) > 0.5
+  rows = {r['name']: r for r in lab.run_lab(setup, jax.random.PRNGKey(4), 6000, [learned, none],
+                                            log=lambda *_: None)['rows']}
+  assert rows['learned']['variance'] != pytest.approx(rows['none']['variance'], rel=1e-3)
+  assert rows['learned']['max_z'] < 4.5, rows['learned']
+
+
+def test_learned_critic_variants_need_a_critic(tiny):
+  from tokjax.errors import UserError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(UserError, match='baseline="value"'):
+    lab.learned_values(tiny['policy'], lab.encode(tiny['policy'])[0])

@@ -233,6 +233,7 @@ class Variant:
   gae_lambda: float = 1.0
   rloo_k: int = 1
   group: str = ''
+  critic: str = 'ideal'  # 'value' baseline: 'ideal' (V_t = E[G_t]) | 'learned' (the model's critic head).
 
   def config(self):
     return ml_collections.ConfigDict(dict(
@@ -257,6 +258,14 @@ def default_variants(rloo_k: int = 4) -> list[Variant]:
         Variant('value + GAE(0.99, 0.95)', 'early_exit', 'value', 0.99, 0.95, group='past'),
         Variant('value + GAE(1, 1)', 'early_exit', 'value', 1.0, 1.0, group='past')]
   return v
+
+
+def learned_critic_variants() -> list[Variant]:
+  """The value baselines again with the model's own critic head (models trained with baseline 'value')."""
+  return [Variant('value + GAE(0.99, 0.95), learned critic', 'early_exit', 'value', 0.99, 0.95,
+                  group='past', critic='learned'),
+          Variant('value + GAE(1, 1), learned critic', 'early_exit', 'value', 1.0, 1.0, group='past',
+                  critic='learned')]
 
 
 def encode(setup: Setup):
@@ -307,12 +316,19 @@ def _policy_grads(setup: Setup, h, mask, actions, coefs):
   return flatten_batched(grads, actions.shape[0])
 
 
+def learned_values(setup: Setup, h):
+  """The model's critic head on encoder states h: [B, L, D] -> float32[B, L]."""
+  if not setup.model.value_head:
+    raise UserError('the learned-critic variants need a model trained with estimator.baseline="value".')
+  return setup.model.apply({'params': setup.params}, h, method=lambda m, x: m.critic(x))
+
+
 def variant_estimates(setup: Setup, variant: Variant, h, ce_early, actions, ce_full, mean_ce_full):
   """float64[N / K, P] estimates of one variant from shared draws actions, ce_full: [N, B, L].
 
   mean_ce_full: float32[B, L], E[CE_full] per position (exact or sampled): the ideal critic of the
   'value' variants is V_t = E[G_t] = discounted sum of E[r] (a critic of the action-free encoder state
-  can do no better on a fixed batch).
+  can do no better on a fixed batch); critic='learned' uses the model's own critic head instead.
   """
   cfg = variant.config()
   mask = setup.mask
@@ -326,7 +342,9 @@ def variant_estimates(setup: Setup, variant: Variant, h, ce_early, actions, ce_f
     coefs = jax.vmap(lambda rr: estimator.advantages_and_returns(rr, mask_k, cfg)[1])(group(r))
     return _policy_grads(setup, jnp.tile(h, (k, 1, 1)), mask_k, group(actions), coefs)
   values = None
-  if variant.baseline == 'value':
+  if variant.baseline == 'value' and variant.critic == 'learned':
+    values = learned_values(setup, h)
+  elif variant.baseline == 'value':
     mean_r = estimator.rewards(mean_ce_full, ce_early, variant.reward) * mask
     values = estimator.discounted_returns(mean_r, variant.gamma)
   coefs = jax.vmap(lambda rr: estimator.advantages_and_returns(rr, mask, cfg, values)[1])(r)
@@ -515,6 +533,8 @@ def main(argv):
     if config.model.kind != 'hierarchical' or config.boundary.method != 'policy':
       raise UserError('the estimator lab needs a hierarchical model with boundary.method="policy".')
     setup = _model_setup(config, params, _SEED.value)
+    if setup.model.value_head:
+      variants += learned_critic_variants()
     ref_samples = _REF_SAMPLES.value or 4 * _SAMPLES.value
     result = run_lab(setup, key, _SAMPLES.value, variants, exact=False, ref_samples=ref_samples)
   else:

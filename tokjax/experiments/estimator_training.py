@@ -1,0 +1,215 @@
+r"""Train the score-function method under each baseline at equal compute, over seeds, and compare.
+
+  python -m tokjax.experiments.estimator_training --corpus shakespeare --steps 600 --seeds 0,1,2 \
+      --out results/estimators/training
+
+Variants (config overrides of configs/default.py; "draws" = boundary draws per step, each one pass of
+the main and decoder stacks over a 256-byte sequence, i.e. what sets the step's cost):
+
+  full       the paper's batch-relative advantage, B = 16 sequences x 1 draw       (16 draws/step)
+  gae        learned value baseline + GAE(0.99, 0.95), B = 16 x 1                  (16 draws/step)
+  rloo4x4    leave-one-out over K = 4 draws of each of B = 4 sequences             (16 draws/step)
+  rloo2x8    leave-one-out over K = 2 draws of each of B = 8 sequences             (16 draws/step)
+  rloo4x16   K = 4 draws of B = 16 sequences: 4x the compute, a reference only     (64 draws/step)
+
+At 16 draws per step the RLOO variants cost the same main/decoder compute as the full method but see
+B*L distinct training bytes per step (4x fewer for rloo4x4): the trade RLOO makes is more samples of
+boundaries per sequence for fewer sequences. Each run trains with `tokjax.train.train` in OUT/VARIANT_sSEED
+(console output in train.log); a run whose result.json exists is not retrained, so a grid can be split over
+several processes (e.g. one per core with `taskset`) and summarised by a last call with all of it.
+OUT gets results.md / results.json (mean ± standard deviation over seeds) and curves.png.
+What counts at CPU scale is how fast the boundary policy learns (shared/cpu-scale-findings.md:
+bits-per-byte does not separate boundary estimators here): the table reports the sampled and greedy
+whitespace recall of the policy on validation over training, and the steps until the sampled policy
+ends a chunk at >= 90% of whitespace bytes.
+"""
+
+import json
+import os
+import sys
+
+from absl import flags
+from absl import logging
+import numpy as np
+
+from tokjax import cli
+from tokjax import config_defaults
+from tokjax.errors import UserError
+from tokjax.experiments import compare
+from tokjax.metric_writers import read_metrics
+
+# name -> (estimator overrides, sequences per step B, one-line description)
+VARIANTS = {
+    'full': ({'baseline': 'batch'}, 16, 'batch-relative advantage (the paper), 16 x 1'),
+    'gae': ({'baseline': 'value', 'gae_lambda': 0.95}, 16, 'value baseline + GAE(0.99, 0.95), 16 x 1'),
+    'rloo4x4': ({'baseline': 'rloo', 'rloo_k': 4}, 4, 'RLOO, 4 sequences x K = 4 draws'),
+    'rloo2x8': ({'baseline': 'rloo', 'rloo_k': 2}, 8, 'RLOO, 8 sequences x K = 2 draws'),
+    'rloo4x16': ({'baseline': 'rloo', 'rloo_k': 4}, 16, 'RLOO, 16 sequences x K = 4 draws (4x compute)'),
+}
+WS_THRESHOLD = 0.9  # "Learned": the sampled policy ends a chunk at this fraction of whitespace bytes.
+
+if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
+  _CORPUS = flags.DEFINE_string('corpus', 'shakespeare', 'Corpus spec (see tokjax/data/corpora.py).')
+  _STEPS = flags.DEFINE_integer('steps', 600, 'Training steps per run.')
+  _EVAL_EVERY = flags.DEFINE_integer('eval_every', 50, 'Validation interval (steps).')
+  _SEEDS = flags.DEFINE_list('seeds', '0,1,2', 'Seeds (each variant trains once per seed).')
+  _VARIANTS = flags.DEFINE_list('variants', 'full,gae,rloo4x4,rloo2x8', 'Variants, from ' + ','.join(VARIANTS))
+  _OUT = flags.DEFINE_string('out', 'results/estimators/training', 'Results folder.')
+  _TINY = flags.DEFINE_bool('tiny', False, 'Tiny model and eval (smoke tests).')
+
+
+def variant_config(variant: str, corpus: str, seed: int, steps: int, eval_every: int, tiny: bool = False):
+  """configs/default.py with the variant's estimator and batch; validated."""
+  if variant not in VARIANTS:
+    raise UserError(f'unknown variant {variant!r}; --variants takes some of {",".join(VARIANTS)}.')
+  overrides, batch, _ = VARIANTS[variant]
+  c = compare.method_config('policy', corpus, tiny, seed)
+  c.estimator.update(overrides)
+  # The tiny config keeps its small batch, scaled like the real one (full: 4 x 1, rloo4x4: 1 x 4).
+  c.data.batch_size = max(1, batch * c.data.batch_size // 16) if tiny else batch
+  c.train.steps, c.train.eval_every, c.train.checkpoint_every = steps, eval_every, steps
+  c.train.log_every = max(1, min(25, steps // 8))
+  config_defaults.validate(c)
+  return c
+
+
+def draws_per_step(config) -> int:
+  est = config.estimator
+  return config.data.batch_size * (est.rloo_k if est.baseline == 'rloo' else 1)
+
+
+def first_step_at(steps, values, threshold):
+  """The first evaluated step whose value is >= threshold (None if never)."""
+  return next((s for s, v in zip(steps, values) if v >= threshold), None)
+
+
+def summarize_run(workdir: str, config, result: dict) -> dict:
+  """One run's validation curve and headline numbers, from its metrics.jsonl."""
+  val = [r for r in read_metrics(os.path.join(workdir, 'metrics.jsonl')) if r['split'] == 'val']
+  steps = [r['step'] for r in val]
+  ws = [r['whitespace_recall'] for r in val]
+  late = [r for r in val if r['step'] > steps[-1] * 2 // 3]  # The last third: averages out the jumps.
+  step_s = config.data.batch_size * config.data.seq_len / result['train_bytes_per_s']
+  return {
+      'curve': {k: [r[k] for r in val] for k in ('bpb', 'whitespace_recall', 'whitespace_precision',
+                                                  'greedy_whitespace_recall', 'rate')} | {'step': steps},
+      'steps_to_ws': first_step_at(steps, ws, WS_THRESHOLD),
+      'late_ws': float(np.mean([r['whitespace_recall'] for r in late])),
+      'late_ws_precision': float(np.mean([r['whitespace_precision'] for r in late])),
+      'late_greedy_ws': float(np.mean([r['greedy_whitespace_recall'] for r in late])),
+      'final_bpb': val[-1]['bpb'], 'final_rate': val[-1]['rate'],
+      'step_s': step_s, 'wall_s': result['wall_s'],
+      'draws_per_step': draws_per_step(config),
+      'train_bytes': config.train.steps * config.data.batch_size * config.data.seq_len,
+  }
+
+
+def _mean_sd(xs, digits=3):
+  xs = [x for x in xs if x is not None]
+  if not xs:
+    return '-'
+  return f'{np.mean(xs):.{digits}f}' + (f' ± {np.std(xs, ddof=1):.{digits}f}' if len(xs) > 1 else '')
+
+
+def _at(run, step, key='whitespace_recall'):
+  c = run['curve']
+  return c[key][c['step'].index(step)] if step in c['step'] else None
+
+
+def write_outputs(out_dir, runs, meta):
+  """runs: {variant: [per-seed summaries]} -> results.md, results.json, curves.png in out_dir."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(out_dir, 'results.json'), 'w') as f:
+    json.dump({'meta': meta, 'runs': runs}, f, indent=1)
+  steps = meta['steps']
+  every = meta['eval_every']
+  marks = sorted({every * max(1, round(steps * f / every)) for f in (1 / 6, 1 / 3, 1 / 2)})
+  lines = [f'# Score-function baselines at equal compute on `{meta["corpus"]}`', '', 'Command:', '',
+           f'    {meta["command"]}', '',
+           f'{steps} steps per run, seeds {meta["seeds"]}; mean ± sample standard deviation over seeds. '
+           '"ws" is the fraction of whitespace bytes that end a chunk on validation (sampled boundaries '
+           f'unless marked greedy); "late" averages the evaluations of the last third of training; '
+           f'"steps to ws {WS_THRESHOLD}" is the first evaluation (every {meta["eval_every"]} steps) with '
+           f'sampled ws >= {WS_THRESHOLD} ("-" if a seed never got there: averaged over the seeds that did, '
+           'with the count). s/step: median over log intervals, on the cores the command ran on.', '',
+           '| variant | draws/step | train bytes | ' + ' | '.join(f'ws @{s}' for s in marks) +
+           f' | steps to ws {WS_THRESHOLD} | late ws | late ws precision | late greedy ws | final val bpb '
+           '| final rate | s/step |',
+           '|---|---|---|' + '---|' * len(marks) + '---|---|---|---|---|---|---|']
+  for name, rs in runs.items():
+    reached = [r['steps_to_ws'] for r in rs if r['steps_to_ws'] is not None]
+    reach = _mean_sd(reached, 0) + (f' ({len(reached)}/{len(rs)})' if len(reached) < len(rs) else '')
+    lines.append(f'| {name} | {rs[0]["draws_per_step"]} | {rs[0]["train_bytes"]:.3g} | ' +
+                 ' | '.join(_mean_sd([_at(r, s) for r in rs], 2) for s in marks) +
+                 f' | {reach} | {_mean_sd([r["late_ws"] for r in rs])} | '
+                 f'{_mean_sd([r["late_ws_precision"] for r in rs])} | '
+                 f'{_mean_sd([r["late_greedy_ws"] for r in rs])} | {_mean_sd([r["final_bpb"] for r in rs])} | '
+                 f'{_mean_sd([r["final_rate"] for r in rs])} | {_mean_sd([r["step_s"] for r in rs], 3)} |')
+  lines += ['', 'Variants:', ''] + [f'- `{n}`: {VARIANTS[n][2]}' for n in runs] + ['']
+  with open(os.path.join(out_dir, 'results.md'), 'w') as f:
+    f.write('\n'.join(lines))
+
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+  for i, (name, rs) in enumerate(runs.items()):
+    color = f'C{i}'
+    for j, r in enumerate(rs):
+      c = r['curve']
+      label = name if j == 0 else None
+      axes[0].plot(c['step'], c['whitespace_recall'], color=color, alpha=0.8, label=label)
+      axes[1].plot([s * r['step_s'] for s in c['step']], c['whitespace_recall'], color=color, alpha=0.8,
+                   label=label)
+      axes[2].plot(c['step'], c['bpb'], color=color, alpha=0.8, label=label)
+  axes[0].set_xlabel('step (16 draws/step except rloo4x16)')
+  axes[1].set_xlabel('training seconds (median s/step x step)')
+  for ax in axes[:2]:
+    ax.set_ylabel('val whitespace recall (sampled)')
+    ax.axhline(WS_THRESHOLD, color='gray', lw=0.5)
+  axes[2].set_xlabel('step')
+  axes[2].set_ylabel('val bits-per-byte (sampled)')
+  for ax in axes:
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.suptitle(f'{meta["corpus"]}: one line per seed')
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, 'curves.png'), dpi=110)
+  plt.close(fig)
+
+
+def run_grid(corpus, steps, eval_every, seeds, variants, out_dir, tiny=False, command=''):
+  """Trains (or reuses) every variant x seed, writes the summary; returns {variant: [summaries]}."""
+  os.makedirs(out_dir, exist_ok=True)
+  configs = {(v, s): variant_config(v, corpus, s, steps, eval_every, tiny) for v in variants for s in seeds}
+  runs = {v: [] for v in variants}
+  for (v, s), config in configs.items():
+    name = f'{v}_s{s}'
+    print(f'[estimator_training] {name}: {steps} steps, {draws_per_step(config)} draws/step', flush=True)
+    result = compare.run_method(name, config, out_dir)
+    with open(os.path.join(out_dir, name, 'result.json'), 'w') as f:
+      json.dump(result, f)
+    runs[v].append(summarize_run(os.path.join(out_dir, name), config, result))
+    r = runs[v][-1]
+    print(f'[estimator_training] {name}: steps to ws {WS_THRESHOLD} {r["steps_to_ws"]} | late ws '
+          f'{r["late_ws"]:.3f} | final bpb {r["final_bpb"]:.4f} | {r["step_s"]:.3f} s/step', flush=True)
+  meta = {'corpus': corpus, 'steps': steps, 'eval_every': eval_every, 'seeds': list(seeds),
+          'command': command, 'tiny': tiny}
+  write_outputs(out_dir, runs, meta)
+  return runs
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save and restore at INFO.
+  try:
+    seeds = [int(s) for s in _SEEDS.value]
+  except ValueError as e:
+    raise UserError(f'--seeds={",".join(_SEEDS.value)} must be a comma-separated list of integers.') from e
+  command = 'python -m tokjax.experiments.estimator_training ' + ' '.join(sys.argv[1:])
+  run_grid(_CORPUS.value, _STEPS.value, _EVAL_EVERY.value, seeds, _VARIANTS.value, _OUT.value, _TINY.value,
+           command)
+  print(f'wrote {_OUT.value}/results.md, results.json, curves.png')
+
+
+if __name__ == '__main__':
+  cli.run(main)
