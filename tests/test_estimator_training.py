@@ -63,3 +63,9 @@ def test_table_averages_seeds_and_counts_runs_that_never_learned(tmp_path):
   assert cells[6] == '100 (1/2)'  # Only seed a got to 0.9, at step 100.
   assert cells[-3] == '3.100 ± 0.141'  # final val bpb over the two seeds.
   assert (tmp_path / 'curves.png').stat().st_size > 0
+
+
+def test_variant_specs_take_their_own_seeds():
+  assert et.parse_variants(['full', 'rloo4x16:0+2'], [0, 1, 2]) == {'full': [0, 1, 2], 'rloo4x16': [0, 2]}
+  with pytest.raises(UserError, match='seeds after'):
+    et.parse_variants(['full:x'], [0])

@@ -13,9 +13,10 @@ return's past terms vanish in expectation). Draws are shared between the score-f
 variant's statistics come from independent draws; only comparisons across variants are correlated).
 
 THE REFERENCE g*: on the tiny model (L = 8, 2^6 boundary patterns per row) it is exact: every pattern's
-CE is computed and E = sum_a pi(a) CE(a) is differentiated. On a config or checkpoint it is the mean of
---ref_samples separate draws of the early-exit, gamma = 1, no-baseline estimator (unbiased), and its own
-noise (trace of its covariance / draws) is subtracted in the bias statistics.
+CE is computed and E = sum_a pi(a) CE(a) is differentiated. On a config or checkpoint it is sampled from
+--ref_samples separate draws, grouped in fours into leave-one-out (RLOO, K = 4) gamma = 1 estimates:
+unbiased, and the lowest-variance unbiased estimator here (`sampled_reference`); its own noise (trace
+of its covariance / estimates) is subtracted in the bias statistics.
 
 STRAIGHT-THROUGH ESTIMATORS (tiny model only) are gradients of mean CE_full with respect to their own
 predictor's parameters, so they are compared in their own parameter space, against that predictor's own
@@ -351,6 +352,26 @@ def variant_estimates(setup: Setup, variant: Variant, h, ce_early, actions, ce_f
   return _policy_grads(setup, h, mask, actions, coefs)
 
 
+REF_K = 4  # Draws per estimate of the sampled reference.
+
+
+def sampled_reference(setup: Setup, h, ce_early, key, n: int, ce_fn):
+  """An unbiased estimate of g* from n fresh draws: the mean of n / REF_K leave-one-out (K = REF_K)
+  estimates at gamma = 1, the lowest-variance unbiased estimator the lab has (its baseline is built
+  from the other, independent draws of the same row, and gamma = 1 keeps every future term).
+
+  Returns (g*: float64[P], noise: tr(Cov) of the mean, E[CE_full]: float32[B, L] from the same draws).
+  """
+  if n < 2 * REF_K:
+    raise UserError(f'--ref_samples={n} is too few for the sampled reference: use at least {2 * REF_K}.')
+  actions = draw_actions(setup, h, key, n)
+  ce = ce_fn(actions)
+  mean_ce_full = jnp.mean(ce, 0)
+  variant = Variant('reference', 'early_exit', 'rloo', 1.0, rloo_k=REF_K)
+  est = variant_estimates(setup, variant, h, ce_early, actions, ce, mean_ce_full)
+  return est.mean(0), float(est.var(0, ddof=1).sum()) / est.shape[0], mean_ce_full
+
+
 # ----------------------------------------------------------------------------------------------------
 # Straight-through estimates.
 
@@ -395,15 +416,9 @@ def run_lab(setup: Setup, key, n_samples: int, variants=None, ste_setups=None, e
     ref_info = {'kind': 'exact enumeration', 'noise': 0.0}
   else:
     ce_fn = ce_forward_fn(setup)
-    ref_actions = draw_actions(setup, h, k_ref, ref_samples)
-    ref_ce = ce_fn(ref_actions)
-    mean_ce_full = jnp.mean(ref_ce, 0)
-    ref_variant = Variant('reference', 'early_exit', 'none', 1.0)
-    ref_est = variant_estimates(setup, ref_variant, h, ce_early, ref_actions, ref_ce, mean_ce_full)
-    ref = ref_est.mean(0)
-    noise = float(ref_est.var(0, ddof=1).sum()) / ref_samples
-    ref_info = {'kind': f'mean of {ref_samples} early-exit gamma-1 score-function draws',
-                'noise': noise}
+    ref, noise, mean_ce_full = sampled_reference(setup, h, ce_early, k_ref, ref_samples, ce_fn)
+    ref_info = {'kind': f'mean of {ref_samples // REF_K} RLOO K={REF_K} gamma-1 estimates '
+                        f'({ref_samples} draws)', 'noise': noise}
   ce_full = ce_fn(actions)
   log(f'reference ({ref_info["kind"]}): |g*| = {np.linalg.norm(ref):.4g}; CE of {n_samples} draws '
       f'in {time.time() - t0:.1f}s')

@@ -53,7 +53,8 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   _STEPS = flags.DEFINE_integer('steps', 600, 'Training steps per run.')
   _EVAL_EVERY = flags.DEFINE_integer('eval_every', 50, 'Validation interval (steps).')
   _SEEDS = flags.DEFINE_list('seeds', '0,1,2', 'Seeds (each variant trains once per seed).')
-  _VARIANTS = flags.DEFINE_list('variants', 'full,gae,rloo4x4,rloo2x8', 'Variants, from ' + ','.join(VARIANTS))
+  _VARIANTS = flags.DEFINE_list('variants', 'full,gae,rloo4x4,rloo2x8', 'Variants, from ' + ','.join(VARIANTS)
+                                + '; NAME:S1+S2 trains NAME with its own seeds S1, S2 instead of --seeds.')
   _OUT = flags.DEFINE_string('out', 'results/estimators/training', 'Results folder.')
   _TINY = flags.DEFINE_bool('tiny', False, 'Tiny model and eval (smoke tests).')
 
@@ -128,7 +129,7 @@ def write_outputs(out_dir, runs, meta):
   marks = sorted({every * max(1, round(steps * f / every)) for f in (1 / 6, 1 / 3, 1 / 2)})
   lines = [f'# Score-function baselines at equal compute on `{meta["corpus"]}`', '', 'Command:', '',
            f'    {meta["command"]}', '',
-           f'{steps} steps per run, seeds {meta["seeds"]}; mean ± sample standard deviation over seeds. '
+           f'{steps} steps per run; mean ± sample standard deviation over seeds (listed below). '
            '"ws" is the fraction of whitespace bytes that end a chunk on validation (sampled boundaries '
            f'unless marked greedy); "late" averages the evaluations of the last third of training; '
            f'"steps to ws {WS_THRESHOLD}" is the first evaluation (every {meta["eval_every"]} steps) with '
@@ -147,7 +148,8 @@ def write_outputs(out_dir, runs, meta):
                  f'{_mean_sd([r["late_ws_precision"] for r in rs])} | '
                  f'{_mean_sd([r["late_greedy_ws"] for r in rs])} | {_mean_sd([r["final_bpb"] for r in rs])} | '
                  f'{_mean_sd([r["final_rate"] for r in rs])} | {_mean_sd([r["step_s"] for r in rs], 3)} |')
-  lines += ['', 'Variants:', ''] + [f'- `{n}`: {VARIANTS[n][2]}' for n in runs] + ['']
+  seeds = meta['seeds'] if isinstance(meta['seeds'], dict) else {n: meta['seeds'] for n in runs}
+  lines += ['', 'Variants:', ''] + [f'- `{n}`: {VARIANTS[n][2]}; seeds {seeds[n]}' for n in runs] + ['']
   with open(os.path.join(out_dir, 'results.md'), 'w') as f:
     f.write('\n'.join(lines))
 
@@ -177,11 +179,29 @@ def write_outputs(out_dir, runs, meta):
   plt.close(fig)
 
 
+def parse_variants(specs, seeds):
+  """['full', 'rloo4x16:0+1'] and default seeds -> {'full': seeds, 'rloo4x16': [0, 1]}."""
+  out = {}
+  for spec in specs:
+    name, _, own = spec.partition(':')
+    try:
+      out[name] = [int(s) for s in own.split('+')] if own else list(seeds)
+    except ValueError as e:
+      raise UserError(f'--variants entry {spec!r}: seeds after ":" must be integers joined by "+", '
+                      'e.g. rloo4x16:0+1.') from e
+  return out
+
+
 def run_grid(corpus, steps, eval_every, seeds, variants, out_dir, tiny=False, command=''):
-  """Trains (or reuses) every variant x seed, writes the summary; returns {variant: [summaries]}."""
+  """Trains (or reuses) every variant x seed, writes the summary; returns {variant: [summaries]}.
+
+  variants: --variants entries (NAME or NAME:S1+S2, see `parse_variants`).
+  """
   os.makedirs(out_dir, exist_ok=True)
-  configs = {(v, s): variant_config(v, corpus, s, steps, eval_every, tiny) for v in variants for s in seeds}
-  runs = {v: [] for v in variants}
+  grid = parse_variants(variants, seeds)
+  configs = {(v, s): variant_config(v, corpus, s, steps, eval_every, tiny) for v, ss in grid.items()
+             for s in ss}
+  runs = {v: [] for v in grid}
   for (v, s), config in configs.items():
     name = f'{v}_s{s}'
     print(f'[estimator_training] {name}: {steps} steps, {draws_per_step(config)} draws/step', flush=True)
@@ -192,7 +212,7 @@ def run_grid(corpus, steps, eval_every, seeds, variants, out_dir, tiny=False, co
     r = runs[v][-1]
     print(f'[estimator_training] {name}: steps to ws {WS_THRESHOLD} {r["steps_to_ws"]} | late ws '
           f'{r["late_ws"]:.3f} | final bpb {r["final_bpb"]:.4f} | {r["step_s"]:.3f} s/step', flush=True)
-  meta = {'corpus': corpus, 'steps': steps, 'eval_every': eval_every, 'seeds': list(seeds),
+  meta = {'corpus': corpus, 'steps': steps, 'eval_every': eval_every, 'seeds': grid,
           'command': command, 'tiny': tiny}
   write_outputs(out_dir, runs, meta)
   return runs
