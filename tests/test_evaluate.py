@@ -110,3 +110,19 @@ def test_checkpoint_from_another_config(tiny_run, tmp_path):
   json.dump(cfg, open(meta, 'w'))
   with pytest.raises(UserError, match='does not fit its saved config|other shapes'):
     evaluate.load_checkpoint(run)
+
+
+def test_checkpoint_from_a_larger_mesh_loads_on_this_machine(tiny_run, tmp_path, ckpt, capsys):
+  """A run saved with a 2x2x2 mesh (as on 8 accelerators) is inspected here on all devices along the
+  data axis, with the same parameters, instead of failing on the mesh size."""
+  run, step_dir = _copy(tiny_run, tmp_path, 'pod')
+  meta = os.path.join(step_dir, 'config', 'metadata')
+  cfg = json.load(open(meta))
+  cfg['mesh'].update(data=2, fsdp=2, tensor=2)
+  json.dump(cfg, open(meta, 'w'))
+  moved = evaluate.load_checkpoint(run)
+  assert 'does not fit' in capsys.readouterr().out
+  assert (moved.config.mesh.data, moved.config.mesh.fsdp, moved.config.mesh.tensor) == (-1, 1, 1)
+  assert moved.trainer.mesh.devices.size == jax.device_count()
+  for a, b in zip(jax.tree.leaves(moved.params), jax.tree.leaves(ckpt.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -83,6 +83,22 @@ def _step_problem(step_dir: str) -> str | None:
   return None
 
 
+def inspection_mesh(config):
+  """The run's own mesh when this machine's devices can form it, else all of them on the data axis.
+
+  A run trained on a pod slice (say data 16 x fsdp 4) is often inspected on a workstation: inspection
+  needs only the parameters, and the state restores onto any mesh (tests/test_sharding.py), so the
+  layout falls back instead of failing. config.mesh is updated to the mesh used.
+  """
+  try:
+    return sharding.make_mesh(config.mesh)
+  except UserError as e:
+    print(f'note: the run\'s mesh does not fit {jax.device_count()} device(s) here ({e}); '
+          'using data=-1, fsdp=1, tensor=1.')
+    config.mesh.update(data=-1, fsdp=1, tensor=1)
+    return sharding.make_mesh(config.mesh)
+
+
 def load_checkpoint(path: str, step: int | None = None, mesh=None) -> Checkpoint:
   """Restores the params of `step` (default: latest) of the run folder `path`.
 
@@ -108,7 +124,7 @@ def load_checkpoint(path: str, step: int | None = None, mesh=None) -> Checkpoint
   config, mgr, _ = checkpointing.load_config(path)
   try:
     config_defaults.validate(config)
-    mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
+    mesh = inspection_mesh(config) if mesh is None else mesh
     trainer = train_state.Trainer(config, mesh)
   except (KeyError, AttributeError, TypeError) as e:
     raise UserError(f'the config saved in {path} does not describe a tokjax model ({e}); it may come '
