@@ -55,7 +55,7 @@ def test_table_averages_seeds_and_counts_runs_that_never_learned(tmp_path):
   _write_run(tmp_path / 'a', [0.4, 0.91, 0.95, 0.96, 0.97, 0.98], [3.0] * 6)
   _write_run(tmp_path / 'b', [0.6, 0.69, 0.75, 0.7, 0.8, 0.8], [3.2] * 6)
   runs = {'full': [et.summarize_run(str(tmp_path / n), config, result) for n in 'ab']}
-  et.write_outputs(str(tmp_path), runs, {'corpus': 'x', 'steps': 300, 'eval_every': 50, 'seeds': [0, 1],
+  et.write_outputs(str(tmp_path), runs, {'corpus': 'x', 'steps': 300, 'eval_every': 50, 'seeds': {'full': [0, 1]},
                                          'command': 'cmd'})
   row = next(l for l in (tmp_path / 'results.md').read_text().splitlines() if l.startswith('| full'))
   cells = [c.strip() for c in row.split('|')[1:-1]]

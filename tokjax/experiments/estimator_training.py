@@ -118,7 +118,8 @@ def _at(run, step, key='whitespace_recall'):
 
 
 def write_outputs(out_dir, runs, meta):
-  """runs: {variant: [per-seed summaries]} -> results.md, results.json, curves.png in out_dir."""
+  """runs: {variant: [per-seed summaries]}, meta['seeds']: {variant: seeds} -> results.md, results.json,
+  curves.png in out_dir."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -148,8 +149,8 @@ def write_outputs(out_dir, runs, meta):
                  f'{_mean_sd([r["late_ws_precision"] for r in rs])} | '
                  f'{_mean_sd([r["late_greedy_ws"] for r in rs])} | {_mean_sd([r["final_bpb"] for r in rs])} | '
                  f'{_mean_sd([r["final_rate"] for r in rs])} | {_mean_sd([r["step_s"] for r in rs], 3)} |')
-  seeds = meta['seeds'] if isinstance(meta['seeds'], dict) else {n: meta['seeds'] for n in runs}
-  lines += ['', 'Variants:', ''] + [f'- `{n}`: {VARIANTS[n][2]}; seeds {seeds[n]}' for n in runs] + ['']
+  lines += ['', 'Variants:', ''] + [f'- `{n}`: {VARIANTS[n][2]}; seeds {meta["seeds"][n]}'
+                                    for n in runs] + ['']
   with open(os.path.join(out_dir, 'results.md'), 'w') as f:
     f.write('\n'.join(lines))
 
@@ -205,9 +206,12 @@ def run_grid(corpus, steps, eval_every, seeds, variants, out_dir, tiny=False, co
   for (v, s), config in configs.items():
     name = f'{v}_s{s}'
     print(f'[estimator_training] {name}: {steps} steps, {draws_per_step(config)} draws/step', flush=True)
-    result = compare.run_method(name, config, out_dir)
-    with open(os.path.join(out_dir, name, 'result.json'), 'w') as f:
-      json.dump(result, f)
+    result_path = os.path.join(out_dir, name, 'result.json')
+    trained = not os.path.exists(result_path)
+    result = compare.run_method(name, config, out_dir)  # Loads result.json when it exists.
+    if trained:
+      with open(result_path, 'w') as f:
+        json.dump(result, f)
     runs[v].append(summarize_run(os.path.join(out_dir, name), config, result))
     r = runs[v][-1]
     print(f'[estimator_training] {name}: steps to ws {WS_THRESHOLD} {r["steps_to_ws"]} | late ws '
