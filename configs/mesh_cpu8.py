@@ -20,12 +20,20 @@ from tokjax.config_defaults import base_config
 
 def get_config():
   c = base_config()
-  c.model.update(d_model=64, num_heads=4, encoder_layers=1, main_layers=1, decoder_layers=1,
-                 byte_window=32, capacity=64)
+  c.model.update(
+      d_model=64,
+      num_heads=4,
+      encoder_layers=1,
+      main_layers=1,
+      decoder_layers=1,
+      byte_window=32,
+      capacity=64,
+  )
   c.data.update(seq_len=128, batch_size=16)
   c.eval.update(batch_size=16, max_batches=4)
-  c.train.update(steps=200, log_every=25, eval_every=100, checkpoint_every=100,
-                 workdir='runs/mesh_cpu8')
+  c.train.update(
+      steps=200, log_every=25, eval_every=100, checkpoint_every=100, workdir='runs/mesh_cpu8'
+  )
   c.optim.warmup_steps = 20
   c.mesh.update(data=2, fsdp=2, tensor=2)
   return c

@@ -25,10 +25,23 @@ from tokjax.config_defaults import base_config
 def get_config():
   c = base_config()
   c.data.update(corpus='', seq_len=128, batch_size=16, val_fraction=0.05, test_fraction=0.05)
-  c.model.update(d_model=64, num_heads=4, encoder_layers=1, main_layers=2, decoder_layers=1,
-                 byte_window=8, capacity=64)
+  c.model.update(
+      d_model=64,
+      num_heads=4,
+      encoder_layers=1,
+      main_layers=2,
+      decoder_layers=1,
+      byte_window=8,
+      capacity=64,
+  )
   c.optim.update(lr=3e-3, warmup_steps=30)
-  c.train.update(steps=800, log_every=50, eval_every=100, checkpoint_every=100,
-                 keep_checkpoints=100, workdir='runs/synthetic')
+  c.train.update(
+      steps=800,
+      log_every=50,
+      eval_every=100,
+      checkpoint_every=100,
+      keep_checkpoints=100,
+      workdir='runs/synthetic',
+  )
   c.eval.update(batch_size=16, max_batches=4)
   return c

@@ -10,14 +10,16 @@ import tempfile
 
 import pytest
 
-os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
-                      os.path.join(tempfile.gettempdir(), 'tokjax-test-xla-cache'))
+os.environ.setdefault(
+    'JAX_COMPILATION_CACHE_DIR', os.path.join(tempfile.gettempdir(), 'tokjax-test-xla-cache')
+)
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
 
 
 def tiny_config(workdir: str):
   """A hierarchical model small enough to train a few steps in seconds on the stdlib corpus."""
   from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+
   c = config_defaults.base_config()
   c.model.d_model, c.model.capacity = 32, 32
   c.data.seq_len, c.data.batch_size, c.data.max_bytes = 64, 4, 200_000
@@ -32,6 +34,7 @@ def tiny_config(workdir: str):
 def tiny_run(tmp_path_factory):
   """Run folder of a finished 6-step training run of `tiny_config` (checkpoint, metrics.jsonl)."""
   from tokjax import train  # pylint: disable=g-import-not-at-top
+
   workdir = str(tmp_path_factory.mktemp('tiny_run'))
   train.train(tiny_config(workdir))
   return workdir

@@ -12,6 +12,7 @@ from tokjax.experiments import compare
 
 def test_ratio_and_se_matches_the_pooled_ratio():
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   ce, n = np.array([10.0, 30.0, 20.0]), np.array([10.0, 20.0, 30.0])
   bpb, se = compare.ratio_and_se(ce, n)
   assert bpb == pytest.approx(60.0 / 60.0 / math.log(2))
@@ -21,15 +22,25 @@ def test_ratio_and_se_matches_the_pooled_ratio():
 
 
 def test_compare_runs_every_method_end_to_end(tmp_path, monkeypatch):
-  monkeypatch.setenv('TOKJAX_DATA_DIR', str(tmp_path / 'cache'))  # The BPE tokenizer is cached there.
+  monkeypatch.setenv(
+      'TOKJAX_DATA_DIR', str(tmp_path / 'cache')
+  )  # The BPE tokenizer is cached there.
   corpus = tmp_path / 'corpus'
   corpus.mkdir()
   words = b'the king and queen of a far land went to see thy noble lord with all her men, '
   for i in range(40):
-    (corpus / f'doc{i}.txt').write_bytes((words * 40)[i * 7:] + b'\n')
+    (corpus / f'doc{i}.txt').write_bytes((words * 40)[i * 7 :] + b'\n')
   out = tmp_path / 'out'
-  results = compare.compare(str(corpus), 2 * 4 * 64, str(out), list(compare.METHODS), tiny=True,
-                            eval_cap=(2, 512), evals=1, command='test')
+  results = compare.compare(
+      str(corpus),
+      2 * 4 * 64,
+      str(out),
+      list(compare.METHODS),
+      tiny=True,
+      eval_cap=(2, 512),
+      evals=1,
+      command='test',
+  )
   assert [r['method'] for r in results] == list(compare.METHODS)
   table = (out / 'results.md').read_text()
   rows = [line for line in table.splitlines() if line.startswith('| ') and '---' not in line][1:]

@@ -1,7 +1,5 @@
 """Tests of tokjax.data: corpora, preparation, packing, pipelines, compression."""
 
-import json
-
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
@@ -103,16 +101,22 @@ def test_stdlib_corpus_is_big_and_has_no_tests():
   docs = corpora.load_documents("stdlib")
   assert sum(map(len, docs)) > 5_000_000
   assert max(map(len, docs)) < 2 * 32768  # Long files were cut.
-  assert corpora.load_documents("stdlib", max_bytes=10_000) == docs[:len(
-      corpora.load_documents("stdlib", max_bytes=10_000))]
+  assert (
+      corpora.load_documents("stdlib", max_bytes=10_000)
+      == docs[: len(corpora.load_documents("stdlib", max_bytes=10_000))]
+  )
 
 
 def test_hf_local_jsonl_and_parquet(tmp_path):
   jsonl = tmp_path / "c.jsonl"
-  jsonl.write_text('{"text": "héllo", "body": "x"}\n\n{"text": "", "body": "y"}\n'
-                   '{"text": "w\\ud800z", "body": "z"}\n')
+  jsonl.write_text(
+      '{"text": "héllo", "body": "x"}\n\n{"text": "", "body": "y"}\n'
+      '{"text": "w\\ud800z", "body": "z"}\n'
+  )
   assert corpora.load_documents(f"hf:{jsonl}") == [
-      "héllo".encode(), b"w\xed\xa0\x80z"]  # A lone surrogate survives as bytes.
+      "héllo".encode(),
+      b"w\xed\xa0\x80z",
+  ]  # A lone surrogate survives as bytes.
   assert corpora.load_documents(f"hf:{jsonl}#body") == [b"x", b"y", b"z"]
   with pytest.raises(UserError, match="no field 'nope'.*#FIELD"):
     corpora.load_documents(f"hf:{jsonl}#nope")
@@ -125,7 +129,8 @@ def test_hf_local_jsonl_and_parquet(tmp_path):
 
 def test_hf_streaming_without_datasets_says_how_to_install():
   try:
-    import datasets  # pylint: disable=g-import-not-at-top,unused-import
+    import datasets  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
+
     pytest.skip("datasets is installed; this checks the message shown without it")
   except ImportError:
     pass
@@ -198,7 +203,10 @@ def test_packing_and_mask_exact():
   np.testing.assert_array_equal(ex["targets"], [[97, 98, BOS_ID], [99, PAD_ID, PAD_ID]])
   np.testing.assert_array_equal(ex["mask"], [[1, 1, 0], [1, 0, 0]])
   assert {k: v.dtype for k, v in ex.items()} == {
-      "inputs": np.int32, "targets": np.int32, "mask": np.float32}
+      "inputs": np.int32,
+      "targets": np.int32,
+      "mask": np.float32,
+  }
   # Eval batches hold the same examples, padded with PAD rows of mask 0.
   (batch,) = pipeline.make_eval_batches(docs, seq_len=3, batch_size=3)
   assert _rows(batch) == _rows(ex) | {(np.full(3, PAD_ID, np.int32).tobytes(),) * 2}
@@ -234,7 +242,8 @@ def test_eval_batches_cover_split_once_and_cap_is_deterministic():
 def test_train_iterator_is_deterministic_in_seed_and_reshuffles_epochs():
   docs = _random_docs(16, size=63)  # 16 * 64 tokens = 64 examples of 16.
   make = lambda seed: pipeline.make_train_iterator(
-      docs, seq_len=16, batch_size=64, seed=seed, process_index=0, process_count=1)
+      docs, seq_len=16, batch_size=64, seed=seed, process_index=0, process_count=1
+  )
   a, b, c = _take(make(0), 3), _take(make(0), 3), _take(make(1), 3)
   _assert_batches_equal(a, b)
   assert not np.array_equal(a[0]["inputs"], c[0]["inputs"])
@@ -257,25 +266,29 @@ def test_process_shards_are_disjoint_and_form_the_global_batch():
     assert not _rows(p0) & _rows(p1)
     assert _rows(p0) | _rows(p1) == _rows(full)
   with pytest.raises(UserError, match="not divisible"):
-    pipeline.make_train_iterator(docs, seq_len=10, batch_size=9, seed=0,
-                                 process_index=0, process_count=2)
+    pipeline.make_train_iterator(
+        docs, seq_len=10, batch_size=9, seed=0, process_index=0, process_count=2
+    )
 
 
 def test_iterator_checkpoint_round_trip_with_orbax(tmp_path):
   docs = _random_docs(30, size=50)
   make = lambda: pipeline.make_train_iterator(
-      docs, seq_len=8, batch_size=4, seed=7, process_index=0, process_count=1)
+      docs, seq_len=8, batch_size=4, seed=7, process_index=0, process_count=1
+  )
   iterator = make()
   _take(iterator, 5)
   with ocp.CheckpointManager(tmp_path / "ckpt") as manager:
-    manager.save(5, args=ocp.args.Composite(
-        data=pipeline.iterator_checkpoint_args(iterator, save=True)))
+    manager.save(
+        5, args=ocp.args.Composite(data=pipeline.iterator_checkpoint_args(iterator, save=True))
+    )
     manager.wait_until_finished()
   expected = _take(iterator, 3)
   fresh = make()
   with ocp.CheckpointManager(tmp_path / "ckpt") as manager:
-    manager.restore(5, args=ocp.args.Composite(
-        data=pipeline.iterator_checkpoint_args(fresh, save=False)))
+    manager.restore(
+        5, args=ocp.args.Composite(data=pipeline.iterator_checkpoint_args(fresh, save=False))
+    )
   _assert_batches_equal(_take(fresh, 3), expected)
   assert not np.array_equal(_take(make(), 1)[0]["inputs"], expected[0]["inputs"])
 
@@ -283,12 +296,22 @@ def test_iterator_checkpoint_round_trip_with_orbax(tmp_path):
 def test_build_data_from_config(tmp_path):
   for i in range(40):
     (tmp_path / f"doc{i:02d}.txt").write_bytes(b"document %d " % i * 20)
-  config = ml_collections.ConfigDict({
-      "seed": 0,
-      "data": {"corpus": str(tmp_path), "data_dir": "", "max_bytes": 0, "val_fraction": 0.1,
-               "test_fraction": 0.1, "split_seed": 0, "seq_len": 32, "batch_size": 4},
-      "eval": {"batch_size": 8, "max_batches": 2},
-  })
+  config = ml_collections.ConfigDict(
+      {
+          "seed": 0,
+          "data": {
+              "corpus": str(tmp_path),
+              "data_dir": "",
+              "max_bytes": 0,
+              "val_fraction": 0.1,
+              "test_fraction": 0.1,
+              "split_seed": 0,
+              "seq_len": 32,
+              "batch_size": 4,
+          },
+          "eval": {"batch_size": 8, "max_batches": 2},
+      }
+  )
   data = pipeline.build_data(config)
   assert [len(data.splits[k]) for k in pipeline.SPLITS] == [32, 4, 4]
   assert next(data.train_iter)["inputs"].shape == (4, 32)
@@ -308,4 +331,5 @@ def test_compression_bpb_is_sane():
   assert repetitive["xz"] < 1 and repetitive["gzip"] < 1
   assert noise["xz"] > 7.5 and noise["gzip"] > 7.5
   assert compression.split_bpb([b"ab" * 1000, b"cd" * 1000], max_bytes=10) == (
-      compression.compressed_bpb(b"ababababab"))
+      compression.compressed_bpb(b"ababababab")
+  )

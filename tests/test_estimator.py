@@ -7,8 +7,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from tokjax import estimator
-from tokjax import losses
+from tokjax import estimator, losses
 from tokjax.analysis import estimators as lab
 from tokjax.models import boundaries as bd
 from tokjax.models import hierarchical
@@ -23,8 +22,9 @@ def test_discounted_returns_equal_a_direct_loop(gamma):
     for t in reversed(range(a.shape[1])):
       g = a[b, t] + gamma * g
       expected[b, t] = g
-  np.testing.assert_allclose(estimator.discounted_returns(jnp.asarray(a), gamma), expected,
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      estimator.discounted_returns(jnp.asarray(a), gamma), expected, rtol=1e-5, atol=1e-5
+  )
 
 
 def test_batch_relative_advantage_is_a_masked_per_position_mean():
@@ -51,8 +51,13 @@ def test_policy_loss_raises_log_prob_of_actions_followed_by_high_returns():
 
 def test_rate_loss_pushes_the_rate_toward_the_target():
   mask = jnp.ones((1, 4))
-  for bias, sign in ((2.0, 1.0), (-4.0, -1.0)):  # Rate above target -> positive grad -> lower logits.
-    g = jax.grad(lambda z: estimator.rate_loss(z, jax.nn.sigmoid(z), mask, 0.2))(jnp.full((1, 4), bias))
+  for bias, sign in (
+      (2.0, 1.0),
+      (-4.0, -1.0),
+  ):  # Rate above target -> positive grad -> lower logits.
+    g = jax.grad(lambda z: estimator.rate_loss(z, jax.nn.sigmoid(z), mask, 0.2))(
+        jnp.full((1, 4), bias)
+    )
     assert np.all(np.sign(g) == sign)
 
 
@@ -96,17 +101,20 @@ def test_score_function_gradient_is_unbiased_against_exact_enumeration(window):
   # Exact: every free pattern (positions 1..6), forced ends.
   patterns = lab.all_patterns(l)
   n_pat = patterns.shape[0]
-  ce_all, bnd_all = _per_row_ce(model, params, tile(tokens1, n_pat), tile(targets1, n_pat), None,
-                                'given', patterns)
+  ce_all, bnd_all = _per_row_ce(
+      model, params, tile(tokens1, n_pat), tile(targets1, n_pat), None, 'given', patterns
+  )
   f = jax.lax.stop_gradient(ce_all.sum(-1))  # Loss of each pattern: does not depend on the policy.
   log_pi_all = jnp.sum(jnp.where(bnd_all.free, bnd_all.log_probs, 0.0), axis=-1)
   assert abs(float(jnp.sum(jnp.exp(log_pi_all))) - 1.0) < 1e-4  # Enumeration covers everything.
 
   def expected_loss(p):
-    _, bnd = _per_row_ce(model, p, tile(tokens1, n_pat), tile(targets1, n_pat), None, 'given',
-                         patterns)
+    _, bnd = _per_row_ce(
+        model, p, tile(tokens1, n_pat), tile(targets1, n_pat), None, 'given', patterns
+    )
     log_pi = jnp.sum(jnp.where(bnd.free, bnd.log_probs, 0.0), axis=-1)
     return jnp.sum(jnp.exp(log_pi) * f) / l
+
   exact = jax.grad(expected_loss)(params)['boundary']
 
   tokens, targets = tile(tokens1, n_samples), tile(targets1, n_samples)
@@ -139,21 +147,39 @@ def test_score_function_gradient_is_unbiased_against_exact_enumeration(window):
 def test_score_function_terms_use_the_config_switches():
   """Switching off batch-relative advantages or the rate loss changes the loss; lambda_rl = 0 removes
   the policy gradient from the encoder-free policy parameters."""
-  cfg = ml_collections.ConfigDict(dict(reward='early_exit', batch_relative=True, gamma=0.99,
-                                       lambda_rl=0.01, lambda_rate=0.01, rate_loss=True,
-                                       target_rate=0.2))
+  cfg = ml_collections.ConfigDict(
+      dict(
+          reward='early_exit',
+          batch_relative=True,
+          gamma=0.99,
+          lambda_rl=0.01,
+          lambda_rate=0.01,
+          rate_loss=True,
+          target_rate=0.2,
+      )
+  )
   key = jax.random.PRNGKey(0)
   ce_full = jax.random.uniform(key, (4, 8)) * 3
   ce_early = ce_full + jax.random.normal(jax.random.PRNGKey(1), (4, 8))
   logits = jax.random.normal(jax.random.PRNGKey(2), (4, 8))
   actions = (jax.random.uniform(jax.random.PRNGKey(3), (4, 8)) < 0.3).astype(jnp.float32)
   actions, free, dropped = bd.enforce_convention(actions, 8)
-  bnd = bd.Boundaries(actions=actions, logits=logits, probs=jax.nn.sigmoid(logits),
-                      log_probs=bd.bernoulli_log_prob(logits, actions), free=free, dropped=dropped)
+  bnd = bd.Boundaries(
+      actions=actions,
+      logits=logits,
+      probs=jax.nn.sigmoid(logits),
+      log_probs=bd.bernoulli_log_prob(logits, actions),
+      free=free,
+      dropped=dropped,
+  )
   mask = jnp.ones((4, 8))
   base, _ = estimator.score_function_terms(ce_full, ce_early, bnd, mask, cfg)
-  for field, value in (('batch_relative', False), ('rate_loss', False), ('gamma', 1.0),
-                       ('reward', 'plain')):
+  for field, value in (
+      ('batch_relative', False),
+      ('rate_loss', False),
+      ('gamma', 1.0),
+      ('reward', 'plain'),
+  ):
     other = ml_collections.ConfigDict(cfg.to_dict())
     other[field] = value
     changed, _ = estimator.score_function_terms(ce_full, ce_early, bnd, mask, other)

@@ -19,7 +19,7 @@ def test_summarize_recovers_the_variance_bias_and_cosine_of_a_known_gaussian():
   mu, s = np.array([1.0, -2.0, 0.5, 0.0, 3.0]), np.array([0.5, 1.0, 2.0, 0.1, 1.5])
   x = mu + s * rng.standard_normal((20000, 5))
   stats = lab.summarize(x, mu)
-  assert stats['variance'] == pytest.approx(np.sum(s ** 2), rel=0.03)
+  assert stats['variance'] == pytest.approx(np.sum(s**2), rel=0.03)
   assert stats['bias'] < 0.05 and stats['cos_mean_ref'] > 0.999
   offset = np.array([0.0, 0.0, 0.3, 0.4, 0.0])  # |offset| = 0.5
   biased = lab.summarize(x, mu + offset)
@@ -38,14 +38,23 @@ def tiny():
 
 @pytest.fixture(scope='module')
 def measured(tiny):
-  variants = [lab.Variant('plain', 'plain', 'none', 1.0),
-              lab.Variant('early', 'early_exit', 'none', 1.0),
-              lab.Variant('batch', 'plain', 'batch', 1.0),
-              lab.Variant('rloo', 'plain', 'rloo', 1.0, rloo_k=4),
-              lab.Variant('value', 'plain', 'value', 1.0, 1.0),
-              lab.Variant('value_gae', 'plain', 'value', 0.9, 0.5)]
-  result = lab.run_lab(tiny['policy'], jax.random.PRNGKey(1), 6000, variants,
-                       ste_setups={'gumbel': tiny['gumbel']}, ste_samples=200, log=lambda *_: None)
+  variants = [
+      lab.Variant('plain', 'plain', 'none', 1.0),
+      lab.Variant('early', 'early_exit', 'none', 1.0),
+      lab.Variant('batch', 'plain', 'batch', 1.0),
+      lab.Variant('rloo', 'plain', 'rloo', 1.0, rloo_k=4),
+      lab.Variant('value', 'plain', 'value', 1.0, 1.0),
+      lab.Variant('value_gae', 'plain', 'value', 0.9, 0.5),
+  ]
+  result = lab.run_lab(
+      tiny['policy'],
+      jax.random.PRNGKey(1),
+      6000,
+      variants,
+      ste_setups={'gumbel': tiny['gumbel']},
+      ste_samples=200,
+      log=lambda *_: None,
+  )
   return {r['name']: r for r in result['rows']}
 
 
@@ -86,15 +95,17 @@ def test_discounted_gae_is_biased_and_gumbel_straight_through_is_far_off(measure
 
 def test_rloo_cuts_variance_against_the_batch_baseline_at_equal_draws(measured):
   """A measured claim the lab makes: with K = 4 draws per sequence, RLOO's variance times its draws is
-  below the batch-relative method's single-draw variance (averaging 4 of those would only divide by 4)."""
+  below the batch-relative method's single-draw variance (averaging 4 of those would only divide by 4).
+  """
   assert measured['rloo']['var_x_draws'] < measured['batch']['variance'], measured
 
 
 def test_leave_one_out_and_gae_formulas():
   r = jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 9.0], [7.0, 0.0]])  # K = 2 draws of B = 2 rows.
   mask = jnp.ones_like(r)
-  np.testing.assert_allclose(estimator.leave_one_out_advantages(r, mask, 2),
-                             [[-4, -7], [-4, 4], [4, 7], [4, -4]])
+  np.testing.assert_allclose(
+      estimator.leave_one_out_advantages(r, mask, 2), [[-4, -7], [-4, 4], [4, 7], [4, -4]]
+  )
   values = jnp.array([[0.5, 1.0], [2.0, -1.0], [0.0, 0.0], [1.0, 1.0]])
   gae11 = estimator.gae_advantages(r, values, 1.0, 1.0, mask)
   np.testing.assert_allclose(gae11, estimator.discounted_returns(r, 1.0) - values, rtol=1e-6)
@@ -106,19 +117,35 @@ def test_leave_one_out_and_gae_formulas():
 def test_score_function_terms_default_is_unchanged_by_the_new_fields():
   """baseline='batch' with the new fields present gives the same loss as a config without them, and
   'rloo' changes it."""
-  old = ml_collections.ConfigDict(dict(reward='early_exit', batch_relative=True, gamma=0.99,
-                                       lambda_rl=0.01, lambda_rate=0.01, rate_loss=True,
-                                       target_rate=0.2))
-  new = ml_collections.ConfigDict(dict(old.to_dict(), baseline='batch', rloo_k=4, gae_lambda=0.95,
-                                       value_weight=0.01))
+  old = ml_collections.ConfigDict(
+      dict(
+          reward='early_exit',
+          batch_relative=True,
+          gamma=0.99,
+          lambda_rl=0.01,
+          lambda_rate=0.01,
+          rate_loss=True,
+          target_rate=0.2,
+      )
+  )
+  new = ml_collections.ConfigDict(
+      dict(old.to_dict(), baseline='batch', rloo_k=4, gae_lambda=0.95, value_weight=0.01)
+  )
   keys = jax.random.split(jax.random.PRNGKey(0), 4)
   ce = jax.random.uniform(keys[0], (4, 8)) * 3
   ce_early = ce + jax.random.normal(keys[1], (4, 8))
   logits = jax.random.normal(keys[2], (4, 8))
   actions, free, dropped = bd.enforce_convention(
-      (jax.random.uniform(keys[3], (4, 8)) < 0.3).astype(jnp.float32), 8)
-  bnd = bd.Boundaries(actions=actions, logits=logits, probs=jax.nn.sigmoid(logits),
-                      log_probs=bd.bernoulli_log_prob(logits, actions), free=free, dropped=dropped)
+      (jax.random.uniform(keys[3], (4, 8)) < 0.3).astype(jnp.float32), 8
+  )
+  bnd = bd.Boundaries(
+      actions=actions,
+      logits=logits,
+      probs=jax.nn.sigmoid(logits),
+      log_probs=bd.bernoulli_log_prob(logits, actions),
+      free=free,
+      dropped=dropped,
+  )
   mask = jnp.ones((4, 8))
   a, _ = estimator.score_function_terms(ce, ce_early, bnd, mask, old)
   b, _ = estimator.score_function_terms(ce, ce_early, bnd, mask, new)
@@ -131,9 +158,12 @@ def test_score_function_terms_default_is_unchanged_by_the_new_fields():
 @pytest.mark.parametrize('baseline', ['rloo', 'value'])
 def test_training_objective_with_the_new_baselines(baseline):
   """hierarchical_objective on a tiny config: RLOO returns CE for the B rows of the batch (K draws
-  inside); the critic gets a gradient from its regression loss while the encoder gets none from it."""
-  from tokjax import config_defaults, losses, models  # pylint: disable=g-import-not-at-top
+  inside); the critic gets a gradient from its regression loss while the encoder gets none from it.
+  """
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
+
+  from tokjax import config_defaults, losses, models  # pylint: disable=g-import-not-at-top
+
   c = config_defaults.base_config()
   c.model.update(d_model=16, num_heads=2, capacity=16)
   c.data.update(seq_len=16, batch_size=2)
@@ -152,7 +182,9 @@ def test_training_objective_with_the_new_baselines(baseline):
     assert float(jnp.abs(grads['critic']['out']['kernel']).sum()) > 0
     only_critic = lambda p: c.estimator.value_weight * estimator.value_loss(
         model.apply({'params': p}, tokens, jax.random.PRNGKey(2))['values'],
-        jnp.ones((2, 16)), jnp.ones((2, 16)))
+        jnp.ones((2, 16)),
+        jnp.ones((2, 16)),
+    )
     g_enc = jax.grad(only_critic)(params)['encoder']
     assert all(float(jnp.abs(x).sum()) == 0 for x in jax.tree.leaves(g_enc))
   else:
@@ -166,27 +198,42 @@ def test_learned_critic_variant_uses_the_models_critic_and_stays_unbiased(tiny):
   against exact enumeration (it reads no action)."""
   base = tiny['policy']
   model = base.model.clone(value_head=True)
-  init = nn.unbox(model.init(jax.random.PRNGKey(3), base.tokens[:1], jax.random.PRNGKey(0)))['params']
+  init = nn.unbox(model.init(jax.random.PRNGKey(3), base.tokens[:1], jax.random.PRNGKey(0)))[
+      'params'
+  ]
   critic = jax.tree.map(lambda x: x, init['critic'])
   setup = lab.Setup(model, dict(base.params, critic=critic), base.tokens, base.targets, base.mask)
-  assert float(jnp.abs(lab.learned_values(setup, lab.encode(setup)[0])).max()) == 0.0  # Zero-init out.
+  assert (
+      float(jnp.abs(lab.learned_values(setup, lab.encode(setup)[0])).max()) == 0.0
+  )  # Zero-init out.
   learned = lab.Variant('learned', 'early_exit', 'value', 1.0, 1.0, critic='learned')
   none = lab.Variant('none', 'early_exit', 'none', 1.0)
-  zero = {r['name']: r for r in lab.run_lab(setup, jax.random.PRNGKey(4), 64, [learned, none],
-                                               log=lambda *_: None)['rows']}
+  zero = {
+      r['name']: r
+      for r in lab.run_lab(setup, jax.random.PRNGKey(4), 64, [learned, none], log=lambda *_: None)[
+          'rows'
+      ]
+  }
   assert zero['learned']['variance'] == pytest.approx(zero['none']['variance'], rel=1e-6)
-  critic['out']['kernel'] = jax.random.normal(jax.random.PRNGKey(5), critic['out']['kernel'].shape) * 3.0
+  critic['out']['kernel'] = (
+      jax.random.normal(jax.random.PRNGKey(5), critic['out']['kernel'].shape) * 3.0
+  )
   setup = lab.Setup(model, dict(base.params, critic=critic), base.tokens, base.targets, base.mask)
   h = lab.encode(setup)[0]
   assert float(jnp.std(lab.learned_values(setup, h))) > 0.5
-  rows = {r['name']: r for r in lab.run_lab(setup, jax.random.PRNGKey(4), 6000, [learned, none],
-                                            log=lambda *_: None)['rows']}
+  rows = {
+      r['name']: r
+      for r in lab.run_lab(
+          setup, jax.random.PRNGKey(4), 6000, [learned, none], log=lambda *_: None
+      )['rows']
+  }
   assert rows['learned']['variance'] != pytest.approx(rows['none']['variance'], rel=1e-3)
   assert rows['learned']['max_z'] < 4.5, rows['learned']
 
 
 def test_learned_critic_variants_need_a_critic(tiny):
   from tokjax.errors import UserError  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(UserError, match='baseline="value"'):
     lab.learned_values(tiny['policy'], lab.encode(tiny['policy'])[0])
 
@@ -194,15 +241,17 @@ def test_learned_critic_variants_need_a_critic(tiny):
 def test_sampled_reference_agrees_with_enumeration_and_is_precise(tiny):
   """The reference of --config/--checkpoint runs: on the tiny model its distance to the exact gradient is
   what its own reported noise predicts, and that noise is far below |g*|^2 (the old no-baseline
-  reference needed ~10x more draws for the same precision; a biased or mis-grouped reference fails)."""
+  reference needed ~10x more draws for the same precision; a biased or mis-grouped reference fails).
+  """
   setup = tiny['policy']
   h, ce_early = lab.encode(setup)
   exact = lab.flatten(lab.exact_gradient(setup))
-  ref, noise, mean_ce = lab.sampled_reference(setup, h, ce_early, jax.random.PRNGKey(7), 4000,
-                                              lab.ce_forward_fn(setup, chunk=500))
+  ref, noise, mean_ce = lab.sampled_reference(
+      setup, h, ce_early, jax.random.PRNGKey(7), 4000, lab.ce_forward_fn(setup, chunk=500)
+  )
   err = float(np.sum((ref - exact) ** 2))
   assert err < 6 * noise, (err, noise)
-  assert noise < 0.005 * float(np.sum(exact ** 2)), noise
+  assert noise < 0.005 * float(np.sum(exact**2)), noise
   table, log_p = lab._enumerated(setup, setup.boundary_params, pathwise=False)
   exact_mean_ce = jnp.sum(jnp.exp(log_p)[..., None] * table, 1)
   np.testing.assert_allclose(mean_ce, exact_mean_ce, atol=0.15)

@@ -30,9 +30,20 @@ def _write_run(workdir, ws, bpb):
     for i, (w, b) in enumerate(zip(ws, bpb)):
       step = 50 * (i + 1)
       f.write(json.dumps({'step': step, 'split': 'train', 'whitespace_recall': 0.0}) + '\n')
-      f.write(json.dumps({'step': step, 'split': 'val', 'whitespace_recall': w, 'bpb': b,
-                          'whitespace_precision': w / 2, 'greedy_whitespace_recall': 1.0,
-                          'rate': 0.2}) + '\n')
+      f.write(
+          json.dumps(
+              {
+                  'step': step,
+                  'split': 'val',
+                  'whitespace_recall': w,
+                  'bpb': b,
+                  'whitespace_precision': w / 2,
+                  'greedy_whitespace_recall': 1.0,
+                  'rate': 0.2,
+              }
+          )
+          + '\n'
+      )
 
 
 def test_summary_reads_first_crossing_and_late_averages(tmp_path):
@@ -55,9 +66,14 @@ def test_table_averages_seeds_and_counts_runs_that_never_learned(tmp_path):
   _write_run(tmp_path / 'a', [0.4, 0.91, 0.95, 0.96, 0.97, 0.98], [3.0] * 6)
   _write_run(tmp_path / 'b', [0.6, 0.69, 0.75, 0.7, 0.8, 0.8], [3.2] * 6)
   runs = {'full': [et.summarize_run(str(tmp_path / n), config, result) for n in 'ab']}
-  et.write_outputs(str(tmp_path), runs, {'corpus': 'x', 'steps': 300, 'eval_every': 50, 'seeds': {'full': [0, 1]},
-                                         'command': 'cmd'})
-  row = next(l for l in (tmp_path / 'results.md').read_text().splitlines() if l.startswith('| full'))
+  et.write_outputs(
+      str(tmp_path),
+      runs,
+      {'corpus': 'x', 'steps': 300, 'eval_every': 50, 'seeds': {'full': [0, 1]}, 'command': 'cmd'},
+  )
+  row = next(
+      l for l in (tmp_path / 'results.md').read_text().splitlines() if l.startswith('| full')
+  )
   cells = [c.strip() for c in row.split('|')[1:-1]]
   assert cells[3:6] == ['0.50 ± 0.14', '0.80 ± 0.16', '0.85 ± 0.14']  # ws @50, @100, @150.
   assert cells[6] == '100 (1/2)'  # Only seed a got to 0.9, at step 100.
@@ -66,6 +82,9 @@ def test_table_averages_seeds_and_counts_runs_that_never_learned(tmp_path):
 
 
 def test_variant_specs_take_their_own_seeds():
-  assert et.parse_variants(['full', 'rloo4x16:0+2'], [0, 1, 2]) == {'full': [0, 1, 2], 'rloo4x16': [0, 2]}
+  assert et.parse_variants(['full', 'rloo4x16:0+2'], [0, 1, 2]) == {
+      'full': [0, 1, 2],
+      'rloo4x16': [0, 2],
+  }
   with pytest.raises(UserError, match='seeds after'):
     et.parse_variants(['full:x'], [0])

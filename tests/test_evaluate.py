@@ -27,13 +27,19 @@ def _last_val(run):
 def test_reproduces_trainer_val_bpb(tiny_run, ckpt):
   val = _last_val(tiny_run)
   docs = evaluate.load_split(ckpt.config, None, 'val')['val']
-  res = evaluate.evaluate_docs(ckpt, docs, evaluate.eval_key(ckpt.config),
-                               max_batches=ckpt.config.eval.max_batches)
+  res = evaluate.evaluate_docs(
+      ckpt, docs, evaluate.eval_key(ckpt.config), max_batches=ckpt.config.eval.max_batches
+  )
   assert res['sample']['bpb'] == pytest.approx(val['bpb'], abs=1e-5)
   assert res['greedy']['bpb'] == pytest.approx(val['greedy_bpb'], abs=1e-5)
   # Another key draws other sampled boundaries, so the match above is not a coincidence of the key.
-  other = evaluate.evaluate_docs(ckpt, docs, jax.random.PRNGKey(123), modes=('sample',),
-                                 max_batches=ckpt.config.eval.max_batches)
+  other = evaluate.evaluate_docs(
+      ckpt,
+      docs,
+      jax.random.PRNGKey(123),
+      modes=('sample',),
+      max_batches=ckpt.config.eval.max_batches,
+  )
   assert other['sample']['bpb'] != pytest.approx(val['bpb'], abs=1e-5)
 
 
@@ -58,8 +64,9 @@ def test_per_document_figures_are_consistent(ckpt):
 
 def test_greedy_boundaries_are_deterministic(ckpt):
   docs = evaluate.load_split(ckpt.config, None, 'val')['val']
-  run = lambda seed, mode: evaluate.evaluate_docs(ckpt, docs, jax.random.PRNGKey(seed), modes=(mode,),
-                                                  max_batches=2)[mode]
+  run = lambda seed, mode: evaluate.evaluate_docs(
+      ckpt, docs, jax.random.PRNGKey(seed), modes=(mode,), max_batches=2
+  )[mode]
   a, b = run(0, 'greedy'), run(1, 'greedy')
   assert json.dumps(a) == json.dumps(b)  # json: NaN standard errors compare equal.
   s0, s1 = run(0, 'sample'), run(1, 'sample')
@@ -82,7 +89,9 @@ def test_report_files(tiny_run, tmp_path):
 def _copy(run, tmp_path, name):
   dst = str(tmp_path / name)
   shutil.copytree(run, dst)
-  step_dir = os.path.join(dst, 'checkpoints', sorted(os.listdir(os.path.join(dst, 'checkpoints')))[-1])
+  step_dir = os.path.join(
+      dst, 'checkpoints', sorted(os.listdir(os.path.join(dst, 'checkpoints')))[-1]
+  )
   return dst, step_dir
 
 

@@ -7,10 +7,7 @@ import numpy as np
 import pytest
 
 from tokjax.models import boundaries as bd
-from tokjax.models import chunking
-from tokjax.models import flat
-from tokjax.models import hierarchical
-from tokjax.models import layers
+from tokjax.models import chunking, flat, hierarchical, layers
 
 
 def _tokens(key, b=2, l=48):
@@ -18,16 +15,18 @@ def _tokens(key, b=2, l=48):
 
 
 def _perturb_after(tokens, t):
-  return tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 101) % 256)
+  return tokens.at[:, t + 1 :].set((tokens[:, t + 1 :] + 101) % 256)
 
 
 def test_local_attention_equals_dense_windowed_attention():
   q, k, v = jax.random.normal(jax.random.PRNGKey(0), (3, 2, 45, 2, 8))
   pos = jnp.broadcast_to(jnp.arange(45), (2, 45))
   for window in (4, 8, 16):
-    np.testing.assert_allclose(layers.local_causal_attention(q, k, v, window),
-                               layers.full_causal_attention(q, k, v, pos, pos, None, window),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        layers.local_causal_attention(q, k, v, window),
+        layers.full_causal_attention(q, k, v, pos, pos, None, window),
+        atol=1e-5,
+    )
 
 
 def test_rope_depends_on_relative_position_only():
@@ -48,18 +47,20 @@ def test_flat_model_is_causal(window):
   apply = jax.jit(model.apply)
   a = apply(params, tokens)['logits']
   b = apply(params, _perturb_after(tokens, t))['logits']
-  np.testing.assert_array_equal(a[:, :t + 1], b[:, :t + 1])
-  assert np.abs(a[:, t + 1:] - b[:, t + 1:]).max() > 1e-3
+  np.testing.assert_array_equal(a[:, : t + 1], b[:, : t + 1])
+  assert np.abs(a[:, t + 1 :] - b[:, t + 1 :]).max() > 1e-3
 
 
 def _hier(window=1, capacity=24, rate=0.2, scale=1 / 16, byte_window=8):
   policy = bd.BoundaryPolicy(target_rate=rate, window=window, scale=scale, capacity=capacity)
-  return hierarchical.HierarchicalByteLM(258, 32, 2, 1, 1, 1, policy, byte_window=byte_window,
-                                         capacity=capacity)
+  return hierarchical.HierarchicalByteLM(
+      258, 32, 2, 1, 1, 1, policy, byte_window=byte_window, capacity=capacity
+  )
 
 
-@pytest.mark.parametrize('window,capacity,rate', [(1, 24, 0.2), (8, 24, 0.2), (1, 6, 0.5),
-                                                  (4, 6, 0.5)])
+@pytest.mark.parametrize(
+    'window,capacity,rate', [(1, 24, 0.2), (8, 24, 0.2), (1, 6, 0.5), (4, 6, 0.5)]
+)
 def test_hierarchical_model_is_causal_including_boundary_decisions(window, capacity, rate):
   """With a fixed key, bytes after t change no logit, boundary probability or sample at or before t.
 
@@ -74,11 +75,14 @@ def test_hierarchical_model_is_causal_including_boundary_decisions(window, capac
   for t in (0, 9, 30, 62):
     out = apply(params, _perturb_after(tokens, t), key)
     for name in ('logits', 'early_logits'):
-      np.testing.assert_array_equal(base[name][:, :t + 1], out[name][:, :t + 1], err_msg=name)
+      np.testing.assert_array_equal(base[name][:, : t + 1], out[name][:, : t + 1], err_msg=name)
     for field in ('actions', 'probs', 'log_probs', 'free', 'dropped'):
-      np.testing.assert_array_equal(getattr(base['boundaries'], field)[:, :t + 1],
-                                    getattr(out['boundaries'], field)[:, :t + 1], err_msg=field)
-    assert np.abs(base['logits'][:, t + 1:] - out['logits'][:, t + 1:]).max() > 1e-3
+      np.testing.assert_array_equal(
+          getattr(base['boundaries'], field)[:, : t + 1],
+          getattr(out['boundaries'], field)[:, : t + 1],
+          err_msg=field,
+      )
+    assert np.abs(base['logits'][:, t + 1 :] - out['logits'][:, t + 1 :]).max() > 1e-3
   if capacity == 6:
     assert base['boundaries'].dropped.sum() > 0  # The overflow path really ran.
 
@@ -90,7 +94,7 @@ def test_upsample_uses_latest_complete_chunk_not_the_open_one():
   np.testing.assert_array_equal(ends[0], [0, 2, 5, 7, 8, 8])
   np.testing.assert_array_equal(valid[0], [1, 1, 1, 1, 0, 0])
   np.testing.assert_array_equal(chunks[0, :, 0], [0, 2, 5, 7, 0, 0])
-  chunk_out = jnp.array([[[10.], [20.], [30.], [40.], [50.], [60.]]])
+  chunk_out = jnp.array([[[10.0], [20.0], [30.0], [40.0], [50.0], [60.0]]])
   y = chunking.upsample(jnp.zeros((1, 8, 1)), chunk_out, actions)
   np.testing.assert_array_equal(y[0, :, 0], [10, 10, 20, 20, 20, 30, 30, 40])
 
@@ -128,11 +132,13 @@ def test_overflow_never_exceeds_capacity_and_masks_the_gradient(window):
   def surrogate(p):
     b = model.apply(p, tokens, key)['boundaries']
     return jnp.sum(jnp.where(b.free, b.log_probs, 0.0))
+
   g_free = jax.grad(surrogate)(params)['params']['boundary']['bias']
 
   def surrogate_all(p):
     b = model.apply(p, tokens, key)['boundaries']
     return jnp.sum(b.log_probs)
+
   g_all = jax.grad(surrogate_all)(params)['params']['boundary']['bias']
   assert not np.isclose(g_free, g_all)  # The mask really removes the dropped (and forced) terms.
 
@@ -194,6 +200,7 @@ def test_off_policy_warm_start_draws_from_the_target_rate_and_reports_importance
   assert abs(interior(off.actions).mean() - 0.2) < 0.05
   assert interior(on.actions).mean() > 0.8
   log_mu = np.where(interior(off.actions) > 0.5, np.log(0.2), np.log(0.8))
-  np.testing.assert_allclose(interior(off.stats['log_ratio']), interior(off.log_probs) - log_mu,
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      interior(off.stats['log_ratio']), interior(off.log_probs) - log_mu, rtol=1e-5, atol=1e-5
+  )
   np.testing.assert_array_equal(on.stats['log_ratio'], 0.0)

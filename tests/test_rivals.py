@@ -44,18 +44,19 @@ def _text_tokens(seed, b=2):
   rows = []
   for _ in range(b):
     start = rng.integers(0, len(_WORDS) - L)
-    rows.append([BOS_ID] + list((_WORDS * 2)[start:start + L - 1]))
+    rows.append([BOS_ID] + list((_WORDS * 2)[start : start + L - 1]))
   return jnp.asarray(rows, jnp.int32)
 
 
 def _perturb_after(tokens, t):
   """Replaces every byte after t by other text bytes (letters <-> spaces too)."""
   swap = jnp.where(tokens == 32, 101, jnp.where(tokens == 101, 32, (tokens - 97 + 7) % 26 + 97))
-  return tokens.at[:, t + 1:].set(swap[:, t + 1:])
+  return tokens.at[:, t + 1 :].set(swap[:, t + 1 :])
 
 
-@pytest.mark.parametrize('method', ['hnet', 'gumbel', 'entropy', 'whitespace', 'stride', 'uniform',
-                                    'bpe'])
+@pytest.mark.parametrize(
+    'method', ['hnet', 'gumbel', 'entropy', 'whitespace', 'stride', 'uniform', 'bpe']
+)
 def test_every_method_is_causal(method, tokenizer_json):
   """Nothing at or before t (logits, early logits, boundary probs or actions) depends on bytes > t.
 
@@ -75,11 +76,15 @@ def test_every_method_is_causal(method, tokenizer_json):
     a = apply(params, tokens, key, **kwargs)
     b = apply(params, _perturb_after(tokens, t), key, **kwargs)
     for name in ('logits', 'early_logits'):
-      np.testing.assert_allclose(a[name][:, :t + 1], b[name][:, :t + 1], atol=1e-5, err_msg=name)
+      np.testing.assert_allclose(a[name][:, : t + 1], b[name][:, : t + 1], atol=1e-5, err_msg=name)
     for name in ('probs', 'actions'):
-      np.testing.assert_allclose(getattr(a['boundaries'], name)[:, :t + 1],
-                                 getattr(b['boundaries'], name)[:, :t + 1], atol=1e-5, err_msg=name)
-    assert np.abs(a['logits'][:, t + 1:] - b['logits'][:, t + 1:]).max() > 1e-4
+      np.testing.assert_allclose(
+          getattr(a['boundaries'], name)[:, : t + 1],
+          getattr(b['boundaries'], name)[:, : t + 1],
+          atol=1e-5,
+          err_msg=name,
+      )
+    assert np.abs(a['logits'][:, t + 1 :] - b['logits'][:, t + 1 :]).max() > 1e-4
 
 
 @pytest.mark.parametrize('method', ['hnet', 'gumbel'])
@@ -102,17 +107,18 @@ def test_straight_through_methods_get_lm_gradient(method):
 def test_bpe_boundaries_are_the_tokenizer_token_starts(tokenizer_json):
   tok = bpe._load(tokenizer_json)  # pylint: disable=protected-access
   text = b'the queen and the king went to see thy noble lord, my lord; thee and'
-  text = text[:L - 1]
+  text = text[: L - 1]
   tokens = jnp.asarray([[BOS_ID] + list(text)], jnp.int32)
-  out = bpe.BPEGuided(tokenizer_json=tokenizer_json, capacity=L).apply({}, jnp.zeros((1, L, 4)),
-                                                                      None, tokens=tokens)
+  out = bpe.BPEGuided(tokenizer_json=tokenizer_json, capacity=L).apply(
+      {}, jnp.zeros((1, L, 4)), None, tokens=tokens
+  )
   # Token starts from the token strings themselves (ASCII: one character per byte), shifted by BOS.
   lengths = [len(s) for s in tok.encode(text.decode()).tokens]
   expected = np.zeros(L)
   expected[0] = 1
   expected[1 + np.cumsum([0] + lengths[:-1])] = 1
   assert len(lengths) < len(text)  # The tokenizer merges: starts are not every byte.
-  np.testing.assert_array_equal(np.asarray(out.actions[0, :L - 1]), expected[:L - 1])
+  np.testing.assert_array_equal(np.asarray(out.actions[0, : L - 1]), expected[: L - 1])
 
 
 def _fit_rate(module, make_inputs, params, steps, lr):
@@ -123,10 +129,13 @@ def _fit_rate(module, make_inputs, params, steps, lr):
   @jax.jit
   def step(params, state, key):
     h, early = make_inputs(key)
+
     def loss(p):
-      out = module.apply({'params': p}, h, key, tokens=jnp.zeros(h.shape[:2], jnp.int32),
-                         early_logits=early)
+      out = module.apply(
+          {'params': p}, h, key, tokens=jnp.zeros(h.shape[:2], jnp.int32), early_logits=early
+      )
       return out.aux_loss, jnp.mean(out.actions[:, 1:-1])
+
     (_, rate), g = jax.value_and_grad(loss, has_aux=True)(params)
     updates, state = opt.update(g, state, params)
     return optax.apply_updates(params, updates), state, rate
@@ -154,8 +163,11 @@ def test_hnet_ratio_loss_reaches_target_rate():
 
 def test_gumbel_binomial_prior_reaches_target_rate():
   module = gumbel.GumbelPooling(target_rate=0.2, capacity=64)
-  params = nn.unbox(module.init(jax.random.PRNGKey(0), _h(jax.random.PRNGKey(0))[0],
-                                jax.random.PRNGKey(1))['params'])
+  params = nn.unbox(
+      module.init(jax.random.PRNGKey(0), _h(jax.random.PRNGKey(0))[0], jax.random.PRNGKey(1))[
+          'params'
+      ]
+  )
   params['mlp_out']['bias'] = jnp.full_like(params['mlp_out']['bias'], 1.0)  # Start at rate ~0.7.
   first, last = _fit_rate(module, _h, params, 150, 1e-2)
   assert first > 0.5 and abs(last - 0.2) < 0.05, (first, last)
@@ -166,8 +178,13 @@ def test_entropy_threshold_reaches_target_rate():
     k1, k2 = jax.random.split(key)
     scale = jax.random.uniform(k1, (8, 64, 1), minval=0.5, maxval=4.0)
     return jnp.zeros((8, 64, 4)), scale * jax.random.normal(k2, (8, 64, 258))
+
   module = entropy.EntropySpikes(target_rate=0.2, capacity=64)
-  params = module.init(jax.random.PRNGKey(0), jnp.zeros((8, 64, 4)), None,
-                       early_logits=inputs(jax.random.PRNGKey(0))[1])['params']
+  params = module.init(
+      jax.random.PRNGKey(0),
+      jnp.zeros((8, 64, 4)),
+      None,
+      early_logits=inputs(jax.random.PRNGKey(0))[1],
+  )['params']
   first, last = _fit_rate(module, inputs, params, 300, 2e-3)
   assert first > 0.6 and abs(last - 0.2) < 0.05, (first, last)

@@ -20,20 +20,24 @@ def _fresh(window: int):
   return model, params
 
 
-@pytest.mark.parametrize('window,mode,temperature,top_k', [(3, 'sample', 1.0, 0),
-                                                           (1, 'greedy', 0.8, 5)])
+@pytest.mark.parametrize(
+    'window,mode,temperature,top_k', [(3, 'sample', 1.0, 0), (1, 'greedy', 0.8, 5)]
+)
 def test_cached_and_uncached_generation_agree(window, mode, temperature, top_k):
   model, params = _fresh(window)
   prompt = decoding.encode_prompt(b'def f(x):\n  return', batch=2)
   n = 30  # Prompt + continuation (49 positions) spans several 8-byte windows of the byte layers.
-  gen = lambda cached, seed: jax.device_get(decoding.generate(
-      model, params, prompt, jax.random.PRNGKey(seed), n, mode, temperature, top_k, cached))
+  gen = lambda cached, seed: jax.device_get(
+      decoding.generate(
+          model, params, prompt, jax.random.PRNGKey(seed), n, mode, temperature, top_k, cached
+      )
+  )
   a, b = gen(True, 0), gen(False, 0)
   np.testing.assert_allclose(a['logits'], b['logits'], atol=1e-4)
   np.testing.assert_allclose(a['policy_logits'], b['policy_logits'], atol=1e-4)
   np.testing.assert_array_equal(a['tokens'], b['tokens'])
   np.testing.assert_array_equal(a['actions'], b['actions'])
-  np.testing.assert_array_equal(a['tokens'][:, :prompt.shape[1]], prompt)
+  np.testing.assert_array_equal(a['tokens'][:, : prompt.shape[1]], prompt)
   assert 0 < a['actions'][:, 1:].sum() < a['actions'][:, 1:].size  # Chunks of varied length.
   assert (a['tokens'] < 256).sum() == a['tokens'].size - 2  # Only the BOS of each row is special.
   c = gen(True, 1)
@@ -42,10 +46,23 @@ def test_cached_and_uncached_generation_agree(window, mode, temperature, top_k):
 
 def test_checkpoint_generation_and_bad_prompt(tiny_run):
   ckpt = evaluate.load_checkpoint(tiny_run)
-  runs = [sample.run_generation(ckpt.model, ckpt.params, b'import os', 20, jax.random.PRNGKey(0),
-                                'sample', 0.8, 40, cached) for cached in (True, False)]
+  runs = [
+      sample.run_generation(
+          ckpt.model,
+          ckpt.params,
+          b'import os',
+          20,
+          jax.random.PRNGKey(0),
+          'sample',
+          0.8,
+          40,
+          cached,
+      )
+      for cached in (True, False)
+  ]
   assert runs[0]['text'] == runs[1]['text'] and runs[0]['text'].startswith(b'import os')
-  assert len(runs[0]['text']) == 29 and runs[0]['marked'].replace('|', '') == runs[0]['text'].decode(
-      'utf-8', errors='replace').replace('|', '')
+  assert len(runs[0]['text']) == 29 and runs[0]['marked'].replace('|', '') == runs[0][
+      'text'
+  ].decode('utf-8', errors='replace').replace('|', '')
   with pytest.raises(UserError, match='prompt is empty'):
     decoding.encode_prompt(b'')

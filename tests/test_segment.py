@@ -15,8 +15,10 @@ from tokjax import config_defaults, models, segment, segmentation
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 
-TEXT = (b'def add(a, b):\n    """Adds two numbers."""\n    return a + b\n\n' * 12 +
-        'caf\u00e9 na\u00efve \u2603 snow\n'.encode())
+TEXT = (
+    b'def add(a, b):\n    """Adds two numbers."""\n    return a + b\n\n' * 12
+    + 'caf\u00e9 na\u00efve \u2603 snow\n'.encode()
+)
 
 
 def _fresh_model(byte_window=8, seq_len=48):
@@ -35,7 +37,9 @@ def test_offsets_tile_the_input_exactly_once(tiny_run, tmp_path):
   path.write_bytes(TEXT)
   assert len(TEXT) > 5 * 64  # Several windows of the tiny model's seq_len.
   for mode in ('greedy', 'sample'):
-    res = segment.segment_file(tiny_run, str(path), str(tmp_path / mode), mode=mode, delimiter='\x00')
+    res = segment.segment_file(
+        tiny_run, str(path), str(tmp_path / mode), mode=mode, delimiter='\x00'
+    )
     offsets = json.load(open(res['paths']['json']))['offsets']
     assert offsets[0][0] == 0 and offsets[-1][1] == len(TEXT)
     assert all(e > s for s, e in offsets)
@@ -54,8 +58,9 @@ def test_windows_leave_no_seams():
   overlap = segmentation.window_overlap(c)
   assert overlap == 7
   text = TEXT[:300]
-  actions, probs = segmentation.segment_text(model, params, text, c.data.seq_len,
-                                             jax.random.PRNGKey(0), 'greedy', overlap)
+  actions, probs = segmentation.segment_text(
+      model, params, text, c.data.seq_len, jax.random.PRNGKey(0), 'greedy', overlap
+  )
   long = jnp.asarray([[BOS_ID] + list(text) + [PAD_ID]], jnp.int32)
   big = model.clone(capacity=long.shape[1], boundary=model.boundary.clone(capacity=long.shape[1]))
   ref = big.apply({'params': params}, long, jax.random.PRNGKey(0), mode='greedy')['boundaries']
@@ -63,15 +68,17 @@ def test_windows_leave_no_seams():
   np.testing.assert_array_equal(actions, np.asarray(ref.actions[0, 1:-1]))
   assert 0 < actions.sum() < len(text)
   # Too little overlap does leave seams: the check above can fail.
-  _, probs0 = segmentation.segment_text(model, params, text, c.data.seq_len, jax.random.PRNGKey(0),
-                                        'greedy', 0)
+  _, probs0 = segmentation.segment_text(
+      model, params, text, c.data.seq_len, jax.random.PRNGKey(0), 'greedy', 0
+  )
   assert np.abs(probs0 - np.asarray(ref.probs[0, 1:-1])).max() > 1e-4
 
 
 def test_greedy_is_deterministic_and_sampling_is_not():
   c, model, params = _fresh_model()
-  run = lambda mode, seed: segmentation.segment_text(model, params, TEXT, c.data.seq_len,
-                                                     jax.random.PRNGKey(seed), mode, 7)[0]
+  run = lambda mode, seed: segmentation.segment_text(
+      model, params, TEXT, c.data.seq_len, jax.random.PRNGKey(seed), mode, 7
+  )[0]
   np.testing.assert_array_equal(run('greedy', 0), run('greedy', 1))
   assert not np.array_equal(run('sample', 0), run('sample', 1))
 
@@ -89,13 +96,29 @@ def test_bad_input(tiny_run, tmp_path):
 
 def test_command_line_takes_file_positionally(tiny_run, tmp_path):
   (tmp_path / 'a.txt').write_bytes(TEXT[:200])
-  out = subprocess.run([sys.executable, '-m', 'tokjax.segment', '--checkpoint', tiny_run,
-                        str(tmp_path / 'a.txt'), '--out', str(tmp_path / 'cli')],
-                       capture_output=True, text=True, timeout=120)
+  out = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'tokjax.segment',
+          '--checkpoint',
+          tiny_run,
+          str(tmp_path / 'a.txt'),
+          '--out',
+          str(tmp_path / 'cli'),
+      ],
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert (tmp_path / 'cli.json').exists()
   empty = tmp_path / 'e.txt'
   empty.write_bytes(b'')
-  out = subprocess.run([sys.executable, '-m', 'tokjax.segment', '--checkpoint', tiny_run, str(empty)],
-                       capture_output=True, text=True, timeout=120)
+  out = subprocess.run(
+      [sys.executable, '-m', 'tokjax.segment', '--checkpoint', tiny_run, str(empty)],
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
   assert out.returncode == 2 and 'is empty' in out.stderr.strip().splitlines()[-1]

@@ -45,9 +45,17 @@ PARAM_TOL = 0.5 * LR
 
 def _config(method):
   from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+
   c = config_defaults.base_config()
-  c.model.update(d_model=32, num_heads=2, encoder_layers=1, main_layers=1, decoder_layers=1,
-                 byte_window=8, capacity=16)
+  c.model.update(
+      d_model=32,
+      num_heads=2,
+      encoder_layers=1,
+      main_layers=1,
+      decoder_layers=1,
+      byte_window=8,
+      capacity=16,
+  )
   c.data.update(seq_len=32, batch_size=8)
   c.boundary.method = method
   if method != 'policy':
@@ -74,8 +82,11 @@ def _batches(n, b=8, l=32, seed=0):
 
 def _max_diff(a, b):
   import jax  # pylint: disable=g-import-not-at-top
-  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
-             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+  return max(
+      float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+      for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+  )
 
 
 def _gate_kernel(tree):
@@ -89,7 +100,9 @@ def _shard_shapes(x):
 def _run_meshes(method, meshes, checkpoint_dir=None):
   """Trains STEPS steps on each mesh from the same init, batches and key; measures the differences."""
   import jax  # pylint: disable=g-import-not-at-top
+
   from tokjax import sharding, train_state  # pylint: disable=g-import-not-at-top
+
   config = _config(method)
   batches = _batches(STEPS + 1)
   key = jax.random.PRNGKey(1)
@@ -97,7 +110,7 @@ def _run_meshes(method, meshes, checkpoint_dir=None):
   init = None  # The single-device initial state, on the host.
   for shape in meshes:
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
-    mesh = sharding.make_mesh(config.mesh, jax.devices()[:int(np.prod(shape))])
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(shape))])
     trainer = train_state.Trainer(config, mesh)
     if shape in (SINGLE, meshes[1]):
       state = trainer.init(jax.random.PRNGKey(0))
@@ -127,15 +140,18 @@ def _run_meshes(method, meshes, checkpoint_dir=None):
     out['meshes'][str(shape)]['param_diff'] = _max_diff(jax.device_get(states[shape].params), base)
     out['meshes'][str(shape)]['mu_diff'] = _max_diff(mu(shape), mu(SINGLE))
   if checkpoint_dir:
-    out['checkpoint'] = _checkpoint_roundtrip(config, trainers, states, batches[STEPS], key,
-                                              checkpoint_dir)
+    out['checkpoint'] = _checkpoint_roundtrip(
+        config, trainers, states, batches[STEPS], key, checkpoint_dir
+    )
   return out
 
 
 def _checkpoint_roundtrip(config, trainers, states, batch, key, directory):
   """Saves SOURCE's state, restores it on TARGET and on one device, and takes one more step on each."""
   import jax  # pylint: disable=g-import-not-at-top
+
   from tokjax import checkpointing, sharding  # pylint: disable=g-import-not-at-top
+
   mgr = checkpointing.manager(directory)
   checkpointing.save(mgr, STEPS, states[SOURCE], None, config)
   out = {}
@@ -159,8 +175,13 @@ def _checkpoint_roundtrip(config, trainers, states, batch, key, directory):
 def _advantages():
   """The batch-relative advantage under a 4x2 batch split, against the global and per-shard means."""
   import jax  # pylint: disable=g-import-not-at-top
-  from tokjax import estimator, sharding  # pylint: disable=g-import-not-at-top
-  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+
+  from tokjax import (  # pylint: disable=g-import-not-at-top
+      config_defaults,  # pylint: disable=g-import-not-at-top
+      estimator,
+      sharding,
+  )
+
   c = config_defaults.base_config()
   c.mesh.data, c.mesh.fsdp = 4, 2
   mesh = sharding.make_mesh(c.mesh)
@@ -174,19 +195,26 @@ def _advantages():
   mean = lambda x, m: (x * m).sum(0) / np.maximum(m.sum(0), 1.0)
   want = (r - mean(r, mask)) * mask
   rows = 16 // 8
-  per_shard = np.concatenate([
-      (r[i:i + rows] - mean(r[i:i + rows], mask[i:i + rows])) * mask[i:i + rows]
-      for i in range(0, 16, rows)])
-  return {'vs_global': float(np.abs(np.asarray(adv) - want).max()),
-          'per_shard_vs_global': float(np.abs(per_shard - want).max()),
-          'input_shards': _shard_shapes(batch['r'])}
+  per_shard = np.concatenate(
+      [
+          (r[i : i + rows] - mean(r[i : i + rows], mask[i : i + rows])) * mask[i : i + rows]
+          for i in range(0, 16, rows)
+      ]
+  )
+  return {
+      'vs_global': float(np.abs(np.asarray(adv) - want).max()),
+      'per_shard_vs_global': float(np.abs(per_shard - want).max()),
+      'input_shards': _shard_shapes(batch['r']),
+  }
 
 
 def _multiprocess_worker():
   """One of 2 processes (4 CPU devices each) joined by distributed.maybe_initialize via JAX_* env."""
   import jax  # pylint: disable=g-import-not-at-top
+
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   from tokjax import config_defaults, distributed, sharding  # pylint: disable=g-import-not-at-top
+
   joined = distributed.maybe_initialize('auto')
   c = config_defaults.base_config()
   c.mesh.update(data=2, fsdp=4, tensor=1)
@@ -195,17 +223,22 @@ def _multiprocess_worker():
   full = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)  # An eval batch, on every process.
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   # Row sums and row-index-weighted sums: the second tells whether rows sit in their global order.
-  stats = jax.jit(lambda a: (a.sum(0), (a * np.arange(a.shape[0])[:, None]).sum(0)),
-                  out_shardings=replicated)
+  stats = jax.jit(
+      lambda a: (a.sum(0), (a * np.arange(a.shape[0])[:, None]).sum(0)), out_shardings=replicated
+  )
   from_global = sharding.global_batch_from_global({'x': full}, mesh)['x']
   from_local = sharding.global_batch({'x': full[pid::2]}, mesh)['x']  # This process's train rows.
   naive = sharding.global_batch({'x': full}, mesh)['x']  # Eval batch mistaken for local rows.
-  return {'joined': joined, 'processes': jax.process_count(), 'devices': len(jax.devices()),
-          'from_global': [np.asarray(v).tolist() for v in stats(from_global)],
-          'want': [full.sum(0).tolist(), (full * np.arange(rows)[:, None]).sum(0).tolist()],
-          'from_local_rows': from_local.shape[0],
-          'from_local_sum': np.asarray(stats(from_local)[0]).tolist(),
-          'naive_rows': naive.shape[0]}
+  return {
+      'joined': joined,
+      'processes': jax.process_count(),
+      'devices': len(jax.devices()),
+      'from_global': [np.asarray(v).tolist() for v in stats(from_global)],
+      'want': [full.sum(0).tolist(), (full * np.arange(rows)[:, None]).sum(0).tolist()],
+      'from_local_rows': from_local.shape[0],
+      'from_local_sum': np.asarray(stats(from_local)[0]).tolist(),
+      'naive_rows': naive.shape[0],
+  }
 
 
 def _worker(group):
@@ -227,7 +260,8 @@ def _worker(group):
 
 def _rivals_available():
   try:
-    import tokjax.models.rivals  # pylint: disable=g-import-not-at-top,unused-import
+    import tokjax.models.rivals  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
+
     return True
   except ImportError:
     return False
@@ -236,11 +270,23 @@ def _rivals_available():
 @pytest.fixture(scope='module')
 def results():
   """Runs both groups in parallel subprocesses on 8 simulated CPU devices; {group: JSON result}."""
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu', TF_CPP_MIN_LOG_LEVEL='3')
+  env = dict(
+      os.environ,
+      XLA_FLAGS='--xla_force_host_platform_device_count=8',
+      JAX_PLATFORMS='cpu',
+      TF_CPP_MIN_LOG_LEVEL='3',
+  )
   groups = ['policy'] + (['rivals'] if _rivals_available() else [])
-  procs = {g: subprocess.Popen([sys.executable, __file__, g], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True) for g in groups}
+  procs = {
+      g: subprocess.Popen(
+          [sys.executable, __file__, g],
+          env=env,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for g in groups
+  }
   out = {}
   for g, p in procs.items():
     stdout, stderr = p.communicate(timeout=600)
@@ -251,6 +297,7 @@ def results():
 
 def _free_port():
   import socket  # pylint: disable=g-import-not-at-top
+
   with socket.socket() as sock:
     sock.bind(('localhost', 0))
     return sock.getsockname()[1]
@@ -262,11 +309,24 @@ def test_two_processes_build_the_same_global_batches():
   port = _free_port()
   procs = []
   for pid in range(2):
-    env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4', JAX_PLATFORMS='cpu',
-               JAX_COORDINATOR_ADDRESS=f'localhost:{port}', JAX_NUM_PROCESSES='2',
-               JAX_PROCESS_ID=str(pid), TF_CPP_MIN_LOG_LEVEL='3')
-    procs.append(subprocess.Popen([sys.executable, __file__, 'multiprocess'], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    env = dict(
+        os.environ,
+        XLA_FLAGS='--xla_force_host_platform_device_count=4',
+        JAX_PLATFORMS='cpu',
+        JAX_COORDINATOR_ADDRESS=f'localhost:{port}',
+        JAX_NUM_PROCESSES='2',
+        JAX_PROCESS_ID=str(pid),
+        TF_CPP_MIN_LOG_LEVEL='3',
+    )
+    procs.append(
+        subprocess.Popen(
+            [sys.executable, __file__, 'multiprocess'],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    )
   outs = []
   for p in procs:
     stdout, stderr = p.communicate(timeout=300)
@@ -281,12 +341,14 @@ def test_two_processes_build_the_same_global_batches():
 
 def test_detect_multihost_from_environment():
   from tokjax import distributed  # pylint: disable=g-import-not-at-top
+
   assert not distributed.detect_multihost({})
   assert distributed.detect_multihost({'JAX_COORDINATOR_ADDRESS': 'h:1234'})
   assert distributed.detect_multihost({'SLURM_JOB_ID': '7', 'SLURM_STEP_NUM_TASKS': '16'})
   # The batch script of a many-task allocation is still one process.
-  assert not distributed.detect_multihost({'SLURM_JOB_ID': '7', 'SLURM_NTASKS': '16',
-                                           'SLURM_STEP_NUM_TASKS': '1'})
+  assert not distributed.detect_multihost(
+      {'SLURM_JOB_ID': '7', 'SLURM_NTASKS': '16', 'SLURM_STEP_NUM_TASKS': '1'}
+  )
   assert distributed.detect_multihost({'OMPI_COMM_WORLD_SIZE': '4'})
   assert not distributed.detect_multihost({'TPU_WORKER_HOSTNAMES': 'localhost'})
   assert distributed.detect_multihost({'TPU_WORKER_HOSTNAMES': 'w0,w1,w2,w3'})
@@ -294,8 +356,10 @@ def test_detect_multihost_from_environment():
 
 def test_bad_mesh_and_multihost_settings_are_user_errors():
   import ml_collections  # pylint: disable=g-import-not-at-top
+
   from tokjax import distributed, sharding  # pylint: disable=g-import-not-at-top
   from tokjax.errors import UserError  # pylint: disable=g-import-not-at-top
+
   mesh_config = lambda d, f, t: ml_collections.ConfigDict(dict(data=d, fsdp=f, tensor=t))
   assert sharding.mesh_shape(mesh_config(-1, 2, 2), 8) == (2, 2, 2)
   for bad in [(-1, -1, 1), (3, 1, 1), (-1, 3, 1), (0, 1, 1)]:
@@ -308,6 +372,7 @@ def test_bad_mesh_and_multihost_settings_are_user_errors():
 
 def test_indivisible_dimensions_replicate():
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+
   from tokjax import sharding  # pylint: disable=g-import-not-at-top
 
   class FakeMesh:  # fit_spec only reads axis sizes.
@@ -348,7 +413,7 @@ def test_batch_relative_mean_is_over_the_global_batch(results):
   adv = results['advantages']
   assert adv['input_shards'] == [[2, 8]]  # 16 rows really split over 8 devices.
   assert adv['per_shard_vs_global'] > 1.0  # A per-shard mean would be visibly wrong here...
-  assert adv['vs_global'] < 1e-4           # ...and the sharded computation uses the global one.
+  assert adv['vs_global'] < 1e-4  # ...and the sharded computation uses the global one.
 
 
 def test_parameters_and_optimizer_state_are_sharded(results):
@@ -367,7 +432,9 @@ def test_parameters_and_optimizer_state_are_sharded(results):
 def test_checkpoint_restores_on_other_meshes_and_training_continues(results):
   ck = results['policy']['checkpoint']
   assert ck[f'gate_shards_{SOURCE}'] == [[8, 128]]
-  assert ck[f'gate_shards_{TARGET}'] == [[32, 128]]  # Restored with the target's (replicated) layout.
+  assert ck[f'gate_shards_{TARGET}'] == [
+      [32, 128]
+  ]  # Restored with the target's (replicated) layout.
   for shape in (TARGET, SINGLE):
     assert ck[f'restored_step_{shape}'] == STEPS and ck[f'state_step_{shape}'] == STEPS
     assert ck[f'loss_{shape}'] == pytest.approx(ck[f'loss_{SOURCE}'], rel=TOL, abs=TOL)

@@ -13,24 +13,25 @@ N_BYTES = 127
 def _words(doc):
   """The document cut after every planted end (the cut-off last word, if any, is dropped)."""
   starts = np.concatenate([[0], doc.ends[:-1] + 1])
-  return [doc.text[s:e + 1] for s, e in zip(starts, doc.ends)]
+  return [doc.text[s : e + 1] for s, e in zip(starts, doc.ends)]
 
 
-@pytest.mark.parametrize('spec', [synthetic.CorpusSpec(),
-                                  synthetic.CorpusSpec(lexicon_size=16, terminator=b'')])
+@pytest.mark.parametrize(
+    'spec', [synthetic.CorpusSpec(), synthetic.CorpusSpec(lexicon_size=16, terminator=b'')]
+)
 def test_planted_ends_are_word_ends(spec):
   lexicon = synthetic.make_lexicon(np.random.default_rng(3), spec)
   docs = synthetic.make_corpus(seed=1, lexicon_seed=3, num_docs=20, n_bytes=N_BYTES, spec=spec)
   for doc in docs:
     assert len(doc.text) == N_BYTES and len(doc.copied) == N_BYTES
     words = _words(doc)
-    assert b''.join(words) == doc.text[:doc.ends[-1] + 1]
+    assert b''.join(words) == doc.text[: doc.ends[-1] + 1]
     # Only the last word may be cut: what follows the last planted end is shorter than a word.
     assert N_BYTES - 1 - doc.ends[-1] < spec.max_len
     for w in words:
       assert spec.min_len <= len(w) <= spec.max_len
       if spec.terminator:
-        assert w.endswith(spec.terminator) and spec.terminator not in w[:-len(spec.terminator)]
+        assert w.endswith(spec.terminator) and spec.terminator not in w[: -len(spec.terminator)]
       else:
         assert w in lexicon
     if spec.terminator == b' ':  # Every space is a planted end and nothing else is.
@@ -53,7 +54,7 @@ def test_copied_half_repeats_the_block_before_it():
       while block < i and not flags[i - 1 - block]:
         block += 1
       assert 3 <= block <= 6 and (k == block or j == len(words))  # The end may cut a copy short.
-      assert words[i:j] == words[i - block:i - block + k]
+      assert words[i:j] == words[i - block : i - block + k]
       runs, i = runs + 1, j
     else:
       i += 1
@@ -96,7 +97,9 @@ def test_eval_arrays_align_with_the_boundary_convention():
   np.testing.assert_array_equal(arr['tokens'][:, 1:], arr['targets'][:, :-1])
   assert (arr['oracle'][:, 0] == 1).all() and (arr['oracle'][:, -1] == 1).all()
   for i, d in enumerate(docs):  # Input position t holds byte t - 1.
-    np.testing.assert_array_equal(np.flatnonzero(arr['oracle'][i, 1:-1]), d.ends[d.ends < N_BYTES - 1])
+    np.testing.assert_array_equal(
+        np.flatnonzero(arr['oracle'][i, 1:-1]), d.ends[d.ends < N_BYTES - 1]
+    )
   # The 'oracle' run's whitespace rule executes exactly the planted ends.
   rule = np.asarray(rules.whitespace_rule(arr['tokens']))
   np.testing.assert_array_equal(rule[:, 1:-1], arr['oracle'][:, 1:-1])

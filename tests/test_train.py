@@ -6,17 +6,13 @@ import shutil
 import subprocess
 import sys
 
+from conftest import tiny_config
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import tiny_config
-from tokjax import checkpointing
-from tokjax import models
-from tokjax import sharding
-from tokjax import train
-from tokjax import train_state
+from tokjax import checkpointing, models, sharding, train, train_state
 from tokjax.data import pipeline
 from tokjax.errors import UserError
 from tokjax.metric_writers import read_metrics
@@ -25,8 +21,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _train_rows(workdir):
-  return {r['step']: r for r in read_metrics(os.path.join(workdir, 'metrics.jsonl'))
-          if r['split'] == 'train'}
+  return {
+      r['step']: r
+      for r in read_metrics(os.path.join(workdir, 'metrics.jsonl'))
+      if r['split'] == 'train'
+  }
 
 
 def test_loss_falls_on_a_small_real_slice(tmp_path):
@@ -71,8 +70,9 @@ def test_train_step_compiles_once_whatever_the_boundaries(tmp_path):
   state = trainer.init(jax.random.PRNGKey(0))
   counts = []
   for _ in range(3):
-    state, metrics = trainer.train_step(state, sharding.global_batch(next(data.train_iter), mesh),
-                                        jax.random.PRNGKey(1))
+    state, metrics = trainer.train_step(
+        state, sharding.global_batch(next(data.train_iter), mesh), jax.random.PRNGKey(1)
+    )
     counts.append(float(metrics['rate']))
   assert len(set(counts)) > 1  # The boundaries (and so the chunk counts) differed between steps.
   assert trainer._train_step._cache_size() == 1  # pylint: disable=protected-access
@@ -89,7 +89,9 @@ def test_nan_loss_stops_with_a_message_and_keeps_the_checkpoint_valid(tmp_path, 
     def g(params, batch, key, step):
       loss, aux = f(params, batch, key, step)
       return jnp.where(step >= 3, jnp.nan, loss), aux
+
     return g
+
   monkeypatch.setattr(models, 'objective', poisoned)
   c = tiny_config(str(tmp_path))
   c.train.log_every, c.train.checkpoint_every = 2, 2
@@ -103,13 +105,16 @@ def test_nan_loss_stops_with_a_message_and_keeps_the_checkpoint_valid(tmp_path, 
   assert int(state.nonfinite) == 0
 
 
-@pytest.mark.parametrize('field,value,message', [
-    ('data.corpus', '/no/such/corpus', 'does not exist'),
-    ('data.seq_len', 1, 'seq_len=1 is too short'),
-    ('model.kind', 'mlp', "model.kind='mlp' is not valid"),
-    ('boundary.target_rate', 1.5, 'target_rate=1.5 must be in'),
-    ('train.workdir', '/etc/passwd/run', 'cannot write to workdir'),
-])
+@pytest.mark.parametrize(
+    'field,value,message',
+    [
+        ('data.corpus', '/no/such/corpus', 'does not exist'),
+        ('data.seq_len', 1, 'seq_len=1 is too short'),
+        ('model.kind', 'mlp', "model.kind='mlp' is not valid"),
+        ('boundary.target_rate', 1.5, 'target_rate=1.5 must be in'),
+        ('train.workdir', '/etc/passwd/run', 'cannot write to workdir'),
+    ],
+)
 def test_bad_config_values_raise_one_clear_user_error(tmp_path, field, value, message):
   c = tiny_config(str(tmp_path / 'run'))
   section, name = field.split('.')
@@ -129,28 +134,45 @@ def test_empty_corpus_and_folder_without_files_are_reported(tmp_path):
 
 
 def _cli(*args, cwd=REPO):
-  return subprocess.run([sys.executable, '-m', 'tokjax.train', *args], cwd=cwd, capture_output=True,
-                        text=True, timeout=300, check=False)
+  return subprocess.run(
+      [sys.executable, '-m', 'tokjax.train', *args],
+      cwd=cwd,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+  )
 
 
 def test_command_line_overrides_reach_the_config(tmp_path):
   workdir = str(tmp_path / 'run')
-  proc = _cli('--config=configs/default.py', f'--config.train.workdir={workdir}',
-              '--config.model.d_model=24', '--config.model.num_heads=2', '--config.data.seq_len=32',
-              '--config.data.batch_size=2', '--config.data.max_bytes=100000',
-              '--config.train.steps=2', '--config.eval.max_batches=1', '--config.eval.batch_size=2',
-              '--config.model.capacity=16')
+  proc = _cli(
+      '--config=configs/default.py',
+      f'--config.train.workdir={workdir}',
+      '--config.model.d_model=24',
+      '--config.model.num_heads=2',
+      '--config.data.seq_len=32',
+      '--config.data.batch_size=2',
+      '--config.data.max_bytes=100000',
+      '--config.train.steps=2',
+      '--config.eval.max_batches=1',
+      '--config.eval.batch_size=2',
+      '--config.model.capacity=16',
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   config, _, step = checkpointing.load_config(workdir)
   assert (config.model.d_model, config.data.seq_len, step) == (24, 32, 2)
   assert 'learned segmentation of held-out text' in proc.stdout
 
 
-@pytest.mark.parametrize('args,message', [
-    (('--config.model.bogus=3',), 'unknown config key --config.model.bogus'),
-    (('--config.data.corpus=/no/such/corpus',), "corpus path '/no/such/corpus' does not exist"),
-    (('--config.model.d_model=abc',), 'd_model=abc'),
-])
+@pytest.mark.parametrize(
+    'args,message',
+    [
+        (('--config.model.bogus=3',), 'unknown config key --config.model.bogus'),
+        (('--config.data.corpus=/no/such/corpus',), "corpus path '/no/such/corpus' does not exist"),
+        (('--config.model.d_model=abc',), 'd_model=abc'),
+    ],
+)
 def test_cli_reports_bad_input_on_one_line_without_traceback(tmp_path, args, message):
   proc = _cli('--config=configs/default.py', f'--config.train.workdir={tmp_path}/run', *args)
   assert proc.returncode == 2

@@ -19,7 +19,8 @@ from tokjax.errors import UserError
 def manager(workdir: str, keep: int = 2, create: bool = True) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(
       os.path.abspath(os.path.join(workdir, 'checkpoints')),
-      options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create))
+      options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create),
+  )
 
 
 def save(mgr, step: int, state, data_iterator, config) -> None:
@@ -48,13 +49,18 @@ def load_config(checkpoint_dir: str) -> ml_collections.ConfigDict:
   if os.path.isdir(os.path.join(root, 'checkpoints')):
     root = os.path.join(root, 'checkpoints')
   if not os.path.isdir(root):
-    raise UserError(f'checkpoint folder {checkpoint_dir} does not exist; pass the run folder '
-                    '(config.train.workdir) of a training run.')
-  mgr = ocp.CheckpointManager(os.path.abspath(root),
-                              options=ocp.CheckpointManagerOptions(read_only=True))
+    raise UserError(
+        f'checkpoint folder {checkpoint_dir} does not exist; pass the run folder '
+        '(config.train.workdir) of a training run.'
+    )
+  mgr = ocp.CheckpointManager(
+      os.path.abspath(root), options=ocp.CheckpointManagerOptions(read_only=True)
+  )
   step = mgr.latest_step()
   if step is None:
-    raise UserError(f'{checkpoint_dir} holds no complete checkpoint (empty or partly written); '
-                    'point at a run folder with a finished save.')
+    raise UserError(
+        f'{checkpoint_dir} holds no complete checkpoint (empty or partly written); '
+        'point at a run folder with a finished save.'
+    )
   cfg = mgr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
   return ml_collections.ConfigDict(cfg), mgr, step

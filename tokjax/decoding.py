@@ -33,8 +33,7 @@ import jax.numpy as jnp
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 from tokjax.models import boundaries as bd
-from tokjax.models import chunking
-from tokjax.models import layers
+from tokjax.models import chunking, layers
 
 
 class CachedAttention(nn.Module):
@@ -43,6 +42,7 @@ class CachedAttention(nn.Module):
   The new key/value goes to cache slot `slot` where `write` is true; the query attends to every valid
   cached key at a position <= its own (and within `window` when window > 0).
   """
+
   num_heads: int
   window: int = 0
   dtype: layers.Dtype = jnp.float32
@@ -52,23 +52,28 @@ class CachedAttention(nn.Module):
     """x: [B, 1, D], position/slot: int32[B], write: bool[B], cache: {k, v: [B, S, H, K],
     pos: int32[B, S], valid: bool[B, S]} -> ([B, 1, D], updated cache)."""
     d = x.shape[-1]
-    proj = lambda name: nn.DenseGeneral((self.num_heads, d // self.num_heads), use_bias=False,
-                                        dtype=self.dtype, name=name)(x)
+    proj = lambda name: nn.DenseGeneral(
+        (self.num_heads, d // self.num_heads), use_bias=False, dtype=self.dtype, name=name
+    )(x)
     q, k, v = proj('query'), proj('key'), proj('value')
     q, k = layers.apply_rope(q, position[:, None]), layers.apply_rope(k, position[:, None])
     hit = (jnp.arange(cache['pos'].shape[1])[None, :] == slot[:, None]) & write[:, None]  # [B, S]
-    new = {'k': jnp.where(hit[..., None, None], k, cache['k']),
-           'v': jnp.where(hit[..., None, None], v, cache['v']),
-           'pos': jnp.where(hit, position[:, None], cache['pos']),
-           'valid': cache['valid'] | hit}
-    out = layers.full_causal_attention(q, new['k'], new['v'], position[:, None], new['pos'],
-                                       new['valid'], self.window)
+    new = {
+        'k': jnp.where(hit[..., None, None], k, cache['k']),
+        'v': jnp.where(hit[..., None, None], v, cache['v']),
+        'pos': jnp.where(hit, position[:, None], cache['pos']),
+        'valid': cache['valid'] | hit,
+    }
+    out = layers.full_causal_attention(
+        q, new['k'], new['v'], position[:, None], new['pos'], new['valid'], self.window
+    )
     out = nn.DenseGeneral(d, axis=(-2, -1), use_bias=False, dtype=self.dtype, name='out')(out)
     return out, new
 
 
 class CachedStack(nn.Module):
   """`layers.Stack` (blocks `block_i` of `layers.Block`) for one new position, with caches."""
+
   num_layers: int
   num_heads: int
   mlp_hidden: int
@@ -79,14 +84,16 @@ class CachedStack(nn.Module):
   def __call__(self, x, position, caches, slot, write):
     new_caches = []
     for i in range(self.num_layers):
-      x, cache = _CachedBlock(self.num_heads, self.mlp_hidden, self.window, self.dtype,
-                              name=f'block_{i}')(x, position, caches[i], slot, write)
+      x, cache = _CachedBlock(
+          self.num_heads, self.mlp_hidden, self.window, self.dtype, name=f'block_{i}'
+      )(x, position, caches[i], slot, write)
       new_caches.append(cache)
     return x, new_caches
 
 
 class _CachedBlock(nn.Module):
   """`layers.Block` for one new position (same submodule names)."""
+
   num_heads: int
   mlp_hidden: int
   window: int = 0
@@ -96,7 +103,8 @@ class _CachedBlock(nn.Module):
   def __call__(self, x, position, cache, slot, write):
     norm = lambda name: layers.RMSNorm(dtype=self.dtype, name=name)
     h, cache = CachedAttention(self.num_heads, self.window, self.dtype, name='attn')(
-        norm('pre_attn_norm')(x), position, cache, slot, write)
+        norm('pre_attn_norm')(x), position, cache, slot, write
+    )
     x = x + norm('post_attn_norm')(h)
     h = layers.GeGLU(self.mlp_hidden, self.dtype, name='mlp')(norm('pre_mlp_norm')(x))
     return x + norm('post_mlp_norm')(h), cache
@@ -104,8 +112,10 @@ class _CachedBlock(nn.Module):
 
 def check_supported(model) -> None:
   if not isinstance(getattr(model, 'boundary', None), bd.BoundaryPolicy):
-    raise UserError('generation needs a hierarchical model with the learned boundary policy '
-                    "(config.boundary.method='policy'); this checkpoint has another boundary method.")
+    raise UserError(
+        'generation needs a hierarchical model with the learned boundary policy '
+        "(config.boundary.method='policy'); this checkpoint has another boundary method."
+    )
 
 
 def sample_byte(logits, key, temperature: float, top_k: int):
@@ -135,9 +145,12 @@ def _step_keys(key, t):
 
 
 def _cache(batch: int, slots: int, num_heads: int, head_dim: int, dtype):
-  return {'k': jnp.zeros((batch, slots, num_heads, head_dim), dtype),
-          'v': jnp.zeros((batch, slots, num_heads, head_dim), dtype),
-          'pos': jnp.zeros((batch, slots), jnp.int32), 'valid': jnp.zeros((batch, slots), bool)}
+  return {
+      'k': jnp.zeros((batch, slots, num_heads, head_dim), dtype),
+      'v': jnp.zeros((batch, slots, num_heads, head_dim), dtype),
+      'pos': jnp.zeros((batch, slots), jnp.int32),
+      'valid': jnp.zeros((batch, slots), bool),
+  }
 
 
 def init_caches(model, batch: int, total: int) -> dict:
@@ -178,29 +191,40 @@ def cached_step(model, params, caches, token, t, key, mode: str):
   ones = jnp.ones((b,), bool)
   byte_stack = lambda n: CachedStack(n, h, model.byte_mlp_ratio * d, model.byte_window, model.dtype)
   byte_slot = position % caches['encoder'][0]['pos'].shape[1] if model.encoder_layers else position
-  x = layers.Embed(model.vocab_size, d, model.dtype).apply({'params': params['embed']}, token[:, None])
+  x = layers.Embed(model.vocab_size, d, model.dtype).apply(
+      {'params': params['embed']}, token[:, None]
+  )
   hid, enc = byte_stack(model.encoder_layers).apply(
-      {'params': params['encoder']}, x, position, caches['encoder'], byte_slot, ones)
+      {'params': params['encoder']}, x, position, caches['encoder'], byte_slot, ones
+  )
   k_bnd, _ = _step_keys(key, t)
   logit = policy_logit(model.boundary, params['boundary'], hid[:, 0], caches['history'])
   a = decide(logit, t, k_bnd, mode)
   close = a > 0.5
-  chunk_out, main = CachedStack(model.main_layers, h, model.main_mlp_ratio * d, 0, model.dtype).apply(
-      {'params': params['main']}, hid, position, caches['main'], caches['num_chunks'], close)
+  chunk_out, main = CachedStack(
+      model.main_layers, h, model.main_mlp_ratio * d, 0, model.dtype
+  ).apply({'params': params['main']}, hid, position, caches['main'], caches['num_chunks'], close)
   last = jnp.where(close[:, None, None], chunk_out, caches['last_chunk'])
   dec_slot = position % caches['decoder'][0]['pos'].shape[1] if model.decoder_layers else position
   y, dec = byte_stack(model.decoder_layers).apply(
-      {'params': params['decoder']}, hid + last, position, caches['decoder'], dec_slot, ones)
+      {'params': params['decoder']}, hid + last, position, caches['decoder'], dec_slot, ones
+  )
   logits = layers.LMHead(model.vocab_size, model.dtype).apply({'params': params['head']}, y)[:, 0]
-  caches = {'encoder': enc, 'main': main, 'decoder': dec, 'last_chunk': last,
-            'num_chunks': caches['num_chunks'] + close.astype(jnp.int32),
-            'history': jnp.concatenate([caches['history'][:, 1:], a[:, None]], axis=1)}
+  caches = {
+      'encoder': enc,
+      'main': main,
+      'decoder': dec,
+      'last_chunk': last,
+      'num_chunks': caches['num_chunks'] + close.astype(jnp.int32),
+      'history': jnp.concatenate([caches['history'][:, 1:], a[:, None]], axis=1),
+  }
   return caches, logits, a, logit
 
 
 def uncached_step(model, params, tokens, actions, t, key, mode: str):
   """The whole model on the buffer tokens: int32[B, N] with decisions actions: float32[B, N] for
-  positions < t -> (next-byte logits at t float32[B, V], a_t float32[B], policy logit float32[B])."""
+  positions < t -> (next-byte logits at t float32[B, V], a_t float32[B], policy logit float32[B]).
+  """
   k_bnd, _ = _step_keys(key, t)
 
   def forward(m, tokens, actions):
@@ -223,14 +247,25 @@ def uncached_step(model, params, tokens, actions, t, key, mode: str):
 
 def with_capacity(model, capacity: int):
   """The same model (same parameters) with a chunk buffer of `capacity` slots."""
-  return model.clone(parent=None, capacity=capacity,
-                     boundary=model.boundary.clone(parent=None, capacity=capacity))
+  return model.clone(
+      parent=None, capacity=capacity, boundary=model.boundary.clone(parent=None, capacity=capacity)
+  )
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'num_bytes', 'mode', 'temperature', 'top_k',
-                                             'cached'))
-def generate(model, params, prompt, key, num_bytes: int, mode: str = 'sample',
-             temperature: float = 1.0, top_k: int = 0, cached: bool = True):
+@functools.partial(
+    jax.jit, static_argnames=('model', 'num_bytes', 'mode', 'temperature', 'top_k', 'cached')
+)
+def generate(
+    model,
+    params,
+    prompt,
+    key,
+    num_bytes: int,
+    mode: str = 'sample',
+    temperature: float = 1.0,
+    top_k: int = 0,
+    cached: bool = True,
+):
   """Continues prompt: int32[B, P] (starting with BOS) by num_bytes bytes.
 
   Returns {'tokens': int32[B, N] (prompt then generated bytes, N = P + num_bytes),
@@ -257,7 +292,8 @@ def generate(model, params, prompt, key, num_bytes: int, mode: str = 'sample',
 
   caches = init_caches(model, b, n) if cached else None
   (tokens, actions, _), (logits, policy_logits) = jax.lax.scan(
-      step, (tokens0, jnp.zeros((b, n)), caches), jnp.arange(n))
+      step, (tokens0, jnp.zeros((b, n)), caches), jnp.arange(n)
+  )
   return {'tokens': tokens, 'actions': actions, 'logits': logits, 'policy_logits': policy_logits}
 
 

@@ -50,8 +50,10 @@ def _initialize_kwargs(environ=None) -> dict:
   for key, name in (('num_processes', 'JAX_NUM_PROCESSES'), ('process_id', 'JAX_PROCESS_ID')):
     value = env.get(name, '')
     if not value.isdigit():
-      raise UserError(f'JAX_COORDINATOR_ADDRESS is set but {name}={value!r} is not a number; set '
-                      'JAX_NUM_PROCESSES (processes in the job) and JAX_PROCESS_ID (0..N-1) too.')
+      raise UserError(
+          f'JAX_COORDINATOR_ADDRESS is set but {name}={value!r} is not a number; set '
+          'JAX_NUM_PROCESSES (processes in the job) and JAX_PROCESS_ID (0..N-1) too.'
+      )
     kwargs[key] = int(value)
   return kwargs
 
@@ -71,7 +73,9 @@ def maybe_initialize(mode: str = 'auto') -> bool:
   try:
     jax.distributed.initialize(**_initialize_kwargs())
   except (RuntimeError, ValueError) as e:
-    raise UserError(f'jax.distributed.initialize() failed ({str(e).splitlines()[0][:200]}); on one '
-                    'host use --config.mesh.multihost=off, on several check the launcher '
-                    '(see launch/README.md).') from None
+    raise UserError(
+        f'jax.distributed.initialize() failed ({str(e).splitlines()[0][:200]}); on one '
+        'host use --config.mesh.multihost=off, on several check the launcher '
+        '(see launch/README.md).'
+    ) from None
   return True

@@ -48,6 +48,7 @@ def batch_relative_advantages(r, mask):
 
 def discounted_returns(a, gamma: float):
   """G_t = a_t + gamma * G_{t+1}, by a reverse scan over the sequence axis. a: [B, L] -> [B, L]."""
+
   def step(g_next, a_t):
     g = a_t + gamma * g_next
     return g, g
@@ -127,7 +128,9 @@ def advantages_and_returns(r, mask, cfg, values=None):
     return adv, discounted_returns(adv, cfg.gamma), jnp.zeros(())
   if baseline == 'value':
     if values is None:
-      raise ValueError('baseline "value" needs the critic\'s values (model built with value_head=True)')
+      raise ValueError(
+          'baseline "value" needs the critic\'s values (model built with value_head=True)'
+      )
     g = gae_advantages(r, values, cfg.gamma, cfg.gae_lambda, mask)
     return g, g, value_loss(values, discounted_returns(r, cfg.gamma), mask)
   raise ValueError(f'unknown baseline {baseline!r}; use "batch", "rloo" or "value"')

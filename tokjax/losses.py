@@ -5,7 +5,6 @@ auxiliary loss of the boundary method), with the boundary metrics that expose a 
 
 import math
 
-import jax
 import jax.numpy as jnp
 import optax
 
@@ -81,12 +80,13 @@ def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample'):
   loss = (1.0 - est.lambda_early) * loss_full + est.lambda_early * loss_early + bnd.aux_loss
   metrics = {'bpb': loss_full / LN2, 'bpb_early': loss_early / LN2}
   if est.kind == 'score_function':
-    rl_loss, rl_metrics = estimator.score_function_terms(ce_full, ce_early, bnd, mask, est,
-                                                         values=out.get('values'))
+    rl_loss, rl_metrics = estimator.score_function_terms(
+        ce_full, ce_early, bnd, mask, est, values=out.get('values')
+    )
     loss = loss + rl_loss
     metrics.update(rl_metrics)
   metrics.update(boundary_metrics(inputs, bnd.actions, mask, bnd.dropped))
   metrics.update({k: v for k, v in bnd.stats.items() if jnp.ndim(v) == 0})
   metrics['loss'] = loss
   # CE of the first draw only: callers count bytes over the B rows of the batch.
-  return loss, (metrics, ce_full[:batch['mask'].shape[0]])
+  return loss, (metrics, ce_full[: batch['mask'].shape[0]])

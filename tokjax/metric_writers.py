@@ -44,8 +44,10 @@ def read_metrics(path: str) -> list[dict]:
 def plot_curves(metrics_path: str, out_png: str, keys=('bpb', 'rate', 'whitespace_recall')) -> str:
   """Train and val curves of `keys` (those present) against step, one panel each."""
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   rows = read_metrics(metrics_path)
   keys = [k for k in keys if any(k in r for r in rows)]
   fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.4), squeeze=False)

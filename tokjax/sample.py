@@ -17,15 +17,21 @@ from absl import flags
 import jax
 import numpy as np
 
-from tokjax import cli
-from tokjax import decoding
-from tokjax import evaluate
-from tokjax import segmentation
+from tokjax import cli, decoding, evaluate, segmentation
 from tokjax.errors import UserError
 
 
-def run_generation(model, params, prompt: bytes, num_bytes: int, key, mode: str, temperature: float,
-                   top_k: int, cached: bool) -> dict:
+def run_generation(
+    model,
+    params,
+    prompt: bytes,
+    num_bytes: int,
+    key,
+    mode: str,
+    temperature: float,
+    top_k: int,
+    cached: bool,
+) -> dict:
   """Compiles and runs `decoding.generate` once; returns its outputs, the text, the chunk-marked
   text and the speed (bytes per second, compilation excluded)."""
   tokens = decoding.encode_prompt(prompt)
@@ -38,10 +44,15 @@ def run_generation(model, params, prompt: bytes, num_bytes: int, key, mode: str,
   ids = np.asarray(out['tokens'][0, 1:])
   text = bytes(ids.astype(np.uint8).tolist())
   actions = np.asarray(out['actions'][0, 1:])
-  return {'out': out, 'text': text, 'actions': actions,
-          'marked': segmentation.render(text, actions),
-          'compile_s': t1 - t0, 'seconds': t2 - t1,
-          'bytes_per_s': (len(prompt) + num_bytes) / max(t2 - t1, 1e-9)}
+  return {
+      'out': out,
+      'text': text,
+      'actions': actions,
+      'marked': segmentation.render(text, actions),
+      'compile_s': t1 - t0,
+      'seconds': t2 - t1,
+      'bytes_per_s': (len(prompt) + num_bytes) / max(t2 - t1, 1e-9),
+  }
 
 
 def define_flags():
@@ -52,7 +63,9 @@ def define_flags():
   flags.DEFINE_float('temperature', 0.8, 'Sampling temperature (0: most likely byte).')
   flags.DEFINE_integer('top_k', 40, 'Sample among the k most likely bytes (0: all).')
   flags.DEFINE_integer('seed', 0, 'Key of the boundary and byte draws.')
-  flags.DEFINE_string('boundaries', 'sample', 'Boundary decisions: sample (from the policy) or greedy.')
+  flags.DEFINE_string(
+      'boundaries', 'sample', 'Boundary decisions: sample (from the policy) or greedy.'
+  )
   flags.DEFINE_bool('no_cache', False, 'Recompute the whole sequence for every byte.')
   flags.DEFINE_bool('compare', False, 'Run cached and uncached generation and compare them.')
   flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
@@ -73,34 +86,51 @@ def main(argv):
     raise UserError('--top_k and --temperature must not be negative.')
   ckpt = evaluate.load_checkpoint(f.checkpoint, f.step)
   if ckpt.config.model.kind != 'hierarchical':
-    raise UserError(f'{f.checkpoint} holds a flat model; generation with boundaries needs a '
-                    'hierarchical one.')
+    raise UserError(
+        f'{f.checkpoint} holds a flat model; generation with boundaries needs a '
+        'hierarchical one.'
+    )
   decoding.check_supported(ckpt.model)
   prompt = f.prompt.encode('utf-8')
   total = len(prompt) + 1 + f.num_bytes
   if total > ckpt.config.data.seq_len:
-    print(f'note: {total} positions exceed the training seq_len {ckpt.config.data.seq_len}; the chunk '
-          'layers extrapolate.')
+    print(
+        f'note: {total} positions exceed the training seq_len {ckpt.config.data.seq_len}; the chunk '
+        'layers extrapolate.'
+    )
   key = jax.random.PRNGKey(f.seed)
   paths = [True, False] if f.compare else [not f.no_cache]
   runs = {}
   for cached in paths:
-    runs[cached] = run_generation(ckpt.model, ckpt.params, prompt, f.num_bytes, key, f.boundaries,
-                                  f.temperature, f.top_k, cached)
+    runs[cached] = run_generation(
+        ckpt.model,
+        ckpt.params,
+        prompt,
+        f.num_bytes,
+        key,
+        f.boundaries,
+        f.temperature,
+        f.top_k,
+        cached,
+    )
   res = runs[paths[0]]
   print(f'--- {f.boundaries} boundaries, | ends a chunk; prompt: {len(prompt)} bytes ---')
   print(res['marked'])
   print('---')
   for cached, r in runs.items():
     name = 'cached' if cached else 'uncached'
-    print(f'{name}: {r["bytes_per_s"]:.1f} bytes/s ({len(prompt) + f.num_bytes} bytes in '
-          f'{r["seconds"]:.3f} s; compile {r["compile_s"]:.1f} s)')
+    print(
+        f'{name}: {r["bytes_per_s"]:.1f} bytes/s ({len(prompt) + f.num_bytes} bytes in '
+        f'{r["seconds"]:.3f} s; compile {r["compile_s"]:.1f} s)'
+    )
   if f.compare:
     a, b = runs[True], runs[False]
     same = a['text'] == b['text'] and np.array_equal(a['actions'], b['actions'])
     diff = float(np.max(np.abs(np.asarray(a['out']['logits']) - np.asarray(b['out']['logits']))))
-    print(f'cached vs uncached: same bytes and boundaries: {same}; max |logit difference| {diff:.2e}; '
-          f'speed-up {a["bytes_per_s"] / b["bytes_per_s"]:.1f}x')
+    print(
+        f'cached vs uncached: same bytes and boundaries: {same}; max |logit difference| {diff:.2e}; '
+        f'speed-up {a["bytes_per_s"] / b["bytes_per_s"]:.1f}x'
+    )
 
 
 if __name__ == '__main__':

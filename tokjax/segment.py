@@ -23,9 +23,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from tokjax import cli
-from tokjax import evaluate
-from tokjax import segmentation
+from tokjax import cli, evaluate, segmentation
 from tokjax.errors import UserError
 
 
@@ -47,7 +45,7 @@ def utf8_spans(text: bytes) -> list[tuple[int, int]]:
     size = 1 if b < 0x80 else 2 if b >> 5 == 6 else 3 if b >> 4 == 14 else 4 if b >> 3 == 30 else 1
     if size > 1:
       try:
-        text[i:i + size].decode('utf-8')
+        text[i : i + size].decode('utf-8')
       except UnicodeDecodeError:
         size = 1
     spans.append((i, min(i + size, n)))
@@ -58,26 +56,33 @@ def utf8_spans(text: bytes) -> list[tuple[int, int]]:
 def to_html(text: bytes, actions, probs, title: str) -> str:
   """Characters shaded by the boundary probability of their last byte; a bar ends each chunk."""
   import html  # pylint: disable=g-import-not-at-top
+
   parts = []
   for s, e in utf8_spans(text):
     ch = text[s:e].decode('utf-8', errors='replace')
     p = float(probs[e - 1])
     shown = {'\n': '&#8629;<br>', '\t': '&#8677;'}.get(ch, html.escape(ch).replace(' ', '&nbsp;'))
     cut = ' class="cut"' if actions[e - 1] > 0.5 else ''
-    parts.append(f'<span{cut} style="background:rgba(220,40,40,{p:.2f})" title="p={p:.2f}">'
-                 f'{shown}</span>')
-  return (f'<!doctype html><meta charset="utf-8"><title>{html.escape(title)}</title>'
-          '<style>body{font-family:monospace;font-size:14px;line-height:1.7}'
-          '.cut{border-right:2px solid #1a5fb4}</style>'
-          f'<p>{html.escape(title)}: shade = boundary probability of the character\'s last byte; '
-          'a blue bar ends each chunk.</p><div>' + ''.join(parts) + '</div>\n')
+    parts.append(
+        f'<span{cut} style="background:rgba(220,40,40,{p:.2f})" title="p={p:.2f}">'
+        f'{shown}</span>'
+    )
+  return (
+      f'<!doctype html><meta charset="utf-8"><title>{html.escape(title)}</title>'
+      '<style>body{font-family:monospace;font-size:14px;line-height:1.7}'
+      '.cut{border-right:2px solid #1a5fb4}</style>'
+      f"<p>{html.escape(title)}: shade = boundary probability of the character's last byte; "
+      'a blue bar ends each chunk.</p><div>' + ''.join(parts) + '</div>\n'
+  )
 
 
 def plot_heatmap(text: bytes, actions, probs, path: str, title: str, cols: int = 64) -> str:
   """PNG: bytes on a grid of `cols` columns coloured by boundary probability, chunk ends as bars."""
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   n = len(text)
   rows = -(-n // cols)
   grid = np.full(rows * cols, np.nan)
@@ -102,9 +107,16 @@ def plot_heatmap(text: bytes, actions, probs, path: str, title: str, cols: int =
   return path
 
 
-def segment_file(checkpoint: str, file: str, out: str | None = None, mode: str = 'greedy',
-                 delimiter: str = '|', seed: int = 0, png_bytes: int = 1024,
-                 step: int | None = None) -> dict:
+def segment_file(
+    checkpoint: str,
+    file: str,
+    out: str | None = None,
+    mode: str = 'greedy',
+    delimiter: str = '|',
+    seed: int = 0,
+    png_bytes: int = 1024,
+    step: int | None = None,
+) -> dict:
   """Segments `file` with the run's boundary method; writes the four outputs; returns their paths and
   the offsets and probabilities."""
   if mode not in ('greedy', 'sample'):
@@ -113,11 +125,14 @@ def segment_file(checkpoint: str, file: str, out: str | None = None, mode: str =
   ckpt = evaluate.load_checkpoint(checkpoint, step)
   config = ckpt.config
   if config.model.kind != 'hierarchical':
-    raise UserError(f'{checkpoint} holds a flat model, which makes no chunks; pass a run of a '
-                    'hierarchical model.')
+    raise UserError(
+        f'{checkpoint} holds a flat model, which makes no chunks; pass a run of a '
+        'hierarchical model.'
+    )
   overlap = segmentation.window_overlap(config)
-  actions, probs = segmentation.segment_text(ckpt.model, ckpt.params, text, config.data.seq_len,
-                                             jax.random.PRNGKey(seed), mode, overlap)
+  actions, probs = segmentation.segment_text(
+      ckpt.model, ckpt.params, text, config.data.seq_len, jax.random.PRNGKey(seed), mode, overlap
+  )
   offsets = segmentation.chunk_offsets(actions)
   out = out or os.path.join(checkpoint, 'segment', os.path.basename(file))
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -126,10 +141,21 @@ def segment_file(checkpoint: str, file: str, out: str | None = None, mode: str =
   with open(paths['txt'], 'w', encoding='utf-8') as f:
     f.write(segmentation.render(text, actions, delimiter))
   with open(paths['json'], 'w') as f:
-    json.dump({'file': os.path.abspath(file), 'checkpoint': os.path.abspath(checkpoint),
-               'step': ckpt.step, 'mode': mode, 'window_overlap': overlap,
-               'seq_len': config.data.seq_len, 'num_bytes': len(text), 'num_chunks': len(offsets),
-               'offsets': offsets, 'boundary_probs': [round(float(p), 4) for p in probs]}, f)
+    json.dump(
+        {
+            'file': os.path.abspath(file),
+            'checkpoint': os.path.abspath(checkpoint),
+            'step': ckpt.step,
+            'mode': mode,
+            'window_overlap': overlap,
+            'seq_len': config.data.seq_len,
+            'num_bytes': len(text),
+            'num_chunks': len(offsets),
+            'offsets': offsets,
+            'boundary_probs': [round(float(p), 4) for p in probs],
+        },
+        f,
+    )
   with open(paths['html'], 'w', encoding='utf-8') as f:
     f.write(to_html(text, actions, probs, title))
   k = min(png_bytes, len(text))
@@ -156,8 +182,10 @@ def main(argv):
     raise UserError('usage: python -m tokjax.segment --checkpoint DIR FILE [--out PREFIX].')
   res = segment_file(f.checkpoint, f.file, f.out, f.mode, f.delimiter, f.seed, f.png_bytes, f.step)
   n = len(res['text'])
-  print(f'{len(res["offsets"])} chunks over {n} bytes ({n / max(len(res["offsets"]), 1):.2f} bytes '
-        'per chunk); first lines:')
+  print(
+      f'{len(res["offsets"])} chunks over {n} bytes ({n / max(len(res["offsets"]), 1):.2f} bytes '
+      'per chunk); first lines:'
+  )
   print(segmentation.render(res['text'][:400], res['actions'][:400], f.delimiter, max_lines=6))
   print('wrote', *res['paths'].values())
 
@@ -172,7 +200,7 @@ def positional_file(argv: list[str]) -> list[str]:
     flags.FLAGS.unparse_flags()
   if len(rest) == 1 and not rest[0].startswith('-'):
     i = len(argv) - 1 - argv[::-1].index(rest[0])
-    return argv[:i] + [f'--file={rest[0]}'] + argv[i + 1:]
+    return argv[:i] + [f'--file={rest[0]}'] + argv[i + 1 :]
   return argv
 
 

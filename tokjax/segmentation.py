@@ -11,7 +11,7 @@ from tokjax.data import BOS_ID, PAD_ID
 
 def encode_window(text: bytes, seq_len: int) -> np.ndarray:
   """BOS + the first seq_len - 1 bytes of text, padded with PAD: int32[1, seq_len]."""
-  ids = [BOS_ID] + list(text[:seq_len - 1])
+  ids = [BOS_ID] + list(text[: seq_len - 1])
   return np.asarray([ids + [PAD_ID] * (seq_len - len(ids))], np.int32)
 
 
@@ -22,15 +22,15 @@ def boundaries_for(model, params, text: bytes, seq_len: int, key, mode: str = 'g
   out = _boundary_fn(model, mode)(params, jnp.asarray(tokens), key)
   n = min(len(text), seq_len - 1)
   # The last real byte is forced to be a boundary only when it is the last position of the window.
-  return text[:n], np.asarray(out.actions[0, 1:n + 1]), np.asarray(out.probs[0, 1:n + 1])
+  return text[:n], np.asarray(out.actions[0, 1 : n + 1]), np.asarray(out.probs[0, 1 : n + 1])
 
 
 def split_chunks(text: bytes, actions) -> list[bytes]:
   """Cuts text after every byte whose action is 1; the pieces concatenate back to text."""
   chunks, start = [], 0
-  for i, a in enumerate(actions[:len(text)]):
+  for i, a in enumerate(actions[: len(text)]):
     if a > 0.5:
-      chunks.append(text[start:i + 1])
+      chunks.append(text[start : i + 1])
       start = i + 1
   if start < len(text):
     chunks.append(text[start:])
@@ -57,14 +57,23 @@ def _boundary_fn(model, mode: str):
 
 def window_overlap(config) -> int:
   """Bytes of left context each window of `segment_text` re-reads: the receptive field of the encoder
-  (which alone feeds the boundary decisions), capped at half a window for full-attention encoders."""
+  (which alone feeds the boundary decisions), capped at half a window for full-attention encoders.
+  """
   m, seq_len = config.model, config.data.seq_len
   field = m.encoder_layers * (m.byte_window - 1) if m.byte_window > 0 else seq_len
   return max(0, min(field, (seq_len - 2) // 2))
 
 
-def segment_text(model, params, text: bytes, seq_len: int, key, mode: str = 'greedy',
-                 overlap: int = 0, batch_size: int = 16):
+def segment_text(
+    model,
+    params,
+    text: bytes,
+    seq_len: int,
+    key,
+    mode: str = 'greedy',
+    overlap: int = 0,
+    batch_size: int = 16,
+):
   """Boundaries of a text of any length: (actions float32[n], probs float32[n]) for its n bytes.
 
   The text is cut into windows of seq_len tokens: [BOS] + `overlap` bytes already decided (context
@@ -87,12 +96,12 @@ def segment_text(model, params, text: bytes, seq_len: int, key, mode: str = 'gre
   windows, keep = [], []
   for s in starts:
     ctx = min(overlap, s)
-    windows.append(encode_window(text[s - ctx:s + step + 1], seq_len)[0])
+    windows.append(encode_window(text[s - ctx : s + step + 1], seq_len)[0])
     keep.append((1 + ctx, min(step, n - s)))
   fn = _boundary_fn(model, mode)
   actions, probs = np.zeros(n, np.float32), np.zeros(n, np.float32)
   for b in range(0, len(windows), batch_size):
-    tokens = np.stack(windows[b:b + batch_size])
+    tokens = np.stack(windows[b : b + batch_size])
     pad = batch_size - len(tokens)  # Fixed batch shape: one compilation.
     tokens = np.pad(tokens, ((0, pad), (0, 0)), constant_values=PAD_ID)
     out = fn(params, jnp.asarray(tokens), jax.random.fold_in(key, b // batch_size))
@@ -100,8 +109,8 @@ def segment_text(model, params, text: bytes, seq_len: int, key, mode: str = 'gre
     for i in range(len(tokens) - pad):
       first, count = keep[b + i]
       s = starts[b + i]
-      actions[s:s + count] = acts[i, first:first + count]
-      probs[s:s + count] = ps[i, first:first + count]
+      actions[s : s + count] = acts[i, first : first + count]
+      probs[s : s + count] = ps[i, first : first + count]
   return actions, probs
 
 

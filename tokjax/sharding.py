@@ -16,8 +16,9 @@ import contextlib
 from absl import logging
 import flax.linen as nn
 import jax
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from tokjax.errors import UserError
 
@@ -35,12 +36,16 @@ def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
   known = int(np.prod([s for s in shape if s != -1]))
   if -1 in shape:
     if num_devices % known:
-      raise UserError(f'config.mesh: {num_devices} devices cannot be split into data/fsdp/tensor '
-                      f'{shape}; choose sizes whose product divides the device count.')
+      raise UserError(
+          f'config.mesh: {num_devices} devices cannot be split into data/fsdp/tensor '
+          f'{shape}; choose sizes whose product divides the device count.'
+      )
     shape[shape.index(-1)] = num_devices // known
   if int(np.prod(shape)) != num_devices:
-    raise UserError(f'config.mesh: data*fsdp*tensor = {int(np.prod(shape))} but there are '
-                    f'{num_devices} devices; make the product equal the device count (or use -1).')
+    raise UserError(
+        f'config.mesh: data*fsdp*tensor = {int(np.prod(shape))} but there are '
+        f'{num_devices} devices; make the product equal the device count (or use -1).'
+    )
   return tuple(shape)
 
 
@@ -61,7 +66,9 @@ def make_mesh(mesh_config, devices=None) -> Mesh:
 
 
 def rules(mesh_config):
-  return tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in mesh_config.rules)
+  return tuple(
+      (name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in mesh_config.rules
+  )
 
 
 @contextlib.contextmanager
@@ -107,8 +114,12 @@ def tree_shardings(boxed_abstract_tree, mesh: Mesh, mesh_config):
 
   out = jax.tree_util.tree_map_with_path(fit, shardings, shapes)
   if replicated:
-    logging.warning('sharding: %d array dimension(s) not divisible by their mesh axes are replicated '
-                    'instead, e.g. %s', len(replicated), replicated[0])
+    logging.warning(
+        'sharding: %d array dimension(s) not divisible by their mesh axes are replicated '
+        'instead, e.g. %s',
+        len(replicated),
+        replicated[0],
+    )
   return out
 
 
@@ -120,9 +131,11 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def _check_rows(global_rows: int, mesh: Mesh) -> None:
   shards = _axis_size(mesh, BATCH_AXES)
   if global_rows % shards:
-    raise UserError(f'the batch has {global_rows} rows, which the mesh cannot split into data*fsdp = '
-                    f'{shards} equal shards; make config.data.batch_size and config.eval.batch_size '
-                    f'multiples of {shards} (or change config.mesh).')
+    raise UserError(
+        f'the batch has {global_rows} rows, which the mesh cannot split into data*fsdp = '
+        f'{shards} equal shards; make config.data.batch_size and config.eval.batch_size '
+        f'multiples of {shards} (or change config.mesh).'
+    )
 
 
 def global_batch(local_batch, mesh: Mesh):
@@ -152,4 +165,5 @@ def global_batch_from_global(batch, mesh: Mesh):
   if jax.process_count() == 1:
     return jax.device_put(batch, sharding)
   return jax.tree.map(
-      lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), batch)
+      lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), batch
+  )

@@ -13,24 +13,28 @@ import time
 
 from absl import flags
 import jax
-import jax.numpy as jnp
-import numpy as np
 from ml_collections import config_flags
 
-from tokjax import checkpointing
-from tokjax import cli
-from tokjax import config_defaults
-from tokjax import distributed
-from tokjax import segmentation
-from tokjax import sharding
-from tokjax import train_state
+from tokjax import (
+    checkpointing,
+    cli,
+    config_defaults,
+    distributed,
+    segmentation,
+    sharding,
+    train_state,
+)
 from tokjax.data import pipeline
 from tokjax.errors import UserError
 from tokjax.metric_writers import MetricWriter, plot_curves
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
-  _CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config file (ml_collections).')
-  _RESUME = flags.DEFINE_bool('resume', False, 'Continue from the latest checkpoint in the workdir.')
+  _CONFIG = config_flags.DEFINE_config_file(
+      'config', 'configs/default.py', 'Config file (ml_collections).'
+  )
+  _RESUME = flags.DEFINE_bool(
+      'resume', False, 'Continue from the latest checkpoint in the workdir.'
+  )
 
 
 def prepare_workdir(workdir: str, resume: bool) -> None:
@@ -41,12 +45,16 @@ def prepare_workdir(workdir: str, resume: bool) -> None:
       f.write('ok')
     os.remove(probe)
   except OSError as e:
-    raise UserError(f'cannot write to workdir {workdir!r} ({e.strerror}); choose a writable folder '
-                    'with --config.train.workdir=PATH.') from None
+    raise UserError(
+        f'cannot write to workdir {workdir!r} ({e.strerror}); choose a writable folder '
+        'with --config.train.workdir=PATH.'
+    ) from None
   metrics = os.path.join(workdir, 'metrics.jsonl')
   if not resume and os.path.exists(metrics):
-    raise UserError(f'{workdir} already holds a run; pass --resume to continue it or choose a new '
-                    '--config.train.workdir.')
+    raise UserError(
+        f'{workdir} already holds a run; pass --resume to continue it or choose a new '
+        '--config.train.workdir.'
+    )
 
 
 def evaluate(trainer, params, batches, key, modes=('sample',)) -> dict:
@@ -77,8 +85,9 @@ def show_segmentation(trainer, params, data, config, key) -> str:
   text = data.splits['test'][0]
   lines = []
   for mode in ('greedy', 'sample'):
-    shown, actions, _ = segmentation.boundaries_for(trainer.model, params, text, config.data.seq_len,
-                                                    key, mode)
+    shown, actions, _ = segmentation.boundaries_for(
+        trainer.model, params, text, config.data.seq_len, key, mode
+    )
     lines.append(f'--- {mode} boundaries ---')
     lines.append(segmentation.render(shown, actions, max_lines=config.eval.segment_lines))
   return '\n'.join(lines)
@@ -95,9 +104,12 @@ def train(config, resume: bool = False) -> dict:
   trainer = train_state.Trainer(config, mesh)
   hierarchical = config.model.kind == 'hierarchical'
   ref = data.reference_bpb('val')
-  print(f'tokjax: {config.model.kind} model, {trainer.num_params / 1e6:.2f}M parameters, '
-        f'{len(jax.devices())} device(s) mesh {dict(mesh.shape)}, corpus {config.data.corpus!r} '
-        f'({sum(map(len, data.splits["train"])) / 1e6:.1f} MB train)', flush=True)
+  print(
+      f'tokjax: {config.model.kind} model, {trainer.num_params / 1e6:.2f}M parameters, '
+      f'{len(jax.devices())} device(s) mesh {dict(mesh.shape)}, corpus {config.data.corpus!r} '
+      f'({sum(map(len, data.splits["train"])) / 1e6:.1f} MB train)',
+      flush=True,
+  )
 
   mgr = checkpointing.manager(workdir, config.train.keep_checkpoints)
   key = jax.random.PRNGKey(config.seed)
@@ -123,30 +135,55 @@ def train(config, resume: bool = False) -> dict:
       rate = (done - last_step) * seq_bytes / (now - last_t)
       eta = (total - done) * (now - t0) / max(done - start_step, 1)
       writer.write(done, 'train', dict(metrics, bytes_per_s=rate))
-      extra = (f' | rate {metrics["rate"]:.3f} ws {metrics["whitespace_recall"]:.2f}'
-               if hierarchical else '')
-      print(f'step {done:>6}/{total} | {rate / 1e3:6.1f}k B/s | loss {metrics["loss"]:.4f} | '
-            f'bpb {metrics["bpb"]:.4f}{extra} | left {format_eta(eta)}', flush=True)
+      extra = (
+          f' | rate {metrics["rate"]:.3f} ws {metrics["whitespace_recall"]:.2f}'
+          if hierarchical
+          else ''
+      )
+      print(
+          f'step {done:>6}/{total} | {rate / 1e3:6.1f}k B/s | loss {metrics["loss"]:.4f} | '
+          f'bpb {metrics["bpb"]:.4f}{extra} | left {format_eta(eta)}',
+          flush=True,
+      )
       last_t, last_step = now, done
     state = new_state
-    boundary = any(done % n == 0 for n in (config.train.log_every, config.train.eval_every,
-                                           config.train.checkpoint_every)) or done == total
+    boundary = (
+        any(
+            done % n == 0
+            for n in (
+                config.train.log_every,
+                config.train.eval_every,
+                config.train.checkpoint_every,
+            )
+        )
+        or done == total
+    )
     if boundary and int(state.nonfinite) > nonfinite_at_start:
-      raise UserError(f'the loss or gradient became NaN/inf before step {done} (those updates were '
-                      f'skipped; checkpoint step {mgr.latest_step()} is intact): lower '
-                      '--config.optim.lr or use --config.model.dtype=float32, then rerun with --resume.')
+      raise UserError(
+          f'the loss or gradient became NaN/inf before step {done} (those updates were '
+          f'skipped; checkpoint step {mgr.latest_step()} is intact): lower '
+          '--config.optim.lr or use --config.model.dtype=float32, then rerun with --resume.'
+      )
     if done % config.train.eval_every == 0 or done == total:
       val = evaluate(trainer, state.params, data.val_batches, eval_key, modes)
       writer.write(done, 'val', val)
       greedy = f' (greedy {val["greedy_bpb"]:.4f})' if hierarchical else ''
-      seg = (f' | rate {val["rate"]:.3f} ws {val["whitespace_recall"]:.2f} greedy ws '
-             f'{val["greedy_whitespace_recall"]:.2f}' if hierarchical else '')
-      print(f'  val bpb {val["bpb"]:.4f}{greedy} | gzip -9 {ref["gzip"]:.3f} xz -9 {ref["xz"]:.3f}'
-            f'{seg}', flush=True)
+      seg = (
+          f' | rate {val["rate"]:.3f} ws {val["whitespace_recall"]:.2f} greedy ws '
+          f'{val["greedy_whitespace_recall"]:.2f}'
+          if hierarchical
+          else ''
+      )
+      print(
+          f'  val bpb {val["bpb"]:.4f}{greedy} | gzip -9 {ref["gzip"]:.3f} xz -9 {ref["xz"]:.3f}'
+          f'{seg}',
+          flush=True,
+      )
       if hierarchical:  # Watch the tokenization form: a held-out line with greedy boundaries.
         text = data.splits['test'][0]
-        shown, actions, _ = segmentation.boundaries_for(trainer.model, state.params, text,
-                                                        config.data.seq_len, eval_key, 'greedy')
+        shown, actions, _ = segmentation.boundaries_for(
+            trainer.model, state.params, text, config.data.seq_len, eval_key, 'greedy'
+        )
         print(f'  greedy: {segmentation.preview(shown, actions)}', flush=True)
     if done % config.train.checkpoint_every == 0 or done == total:
       checkpointing.save(mgr, done, state, data.train_iter, config)
@@ -154,8 +191,10 @@ def train(config, resume: bool = False) -> dict:
   png = os.path.join(workdir, 'curves.png')
   if writer.enabled:
     plot_curves(writer.path, png)
-  print(f'final val bpb {val.get("bpb", float("nan")):.4f} | gzip -9 {ref["gzip"]:.3f} | '
-        f'xz -9 {ref["xz"]:.3f} | wall {format_eta(time.time() - t0)}')
+  print(
+      f'final val bpb {val.get("bpb", float("nan")):.4f} | gzip -9 {ref["gzip"]:.3f} | '
+      f'xz -9 {ref["xz"]:.3f} | wall {format_eta(time.time() - t0)}'
+  )
   print(f'wrote {writer.path}, {png}, checkpoints in {mgr.directory}')
   if hierarchical:
     print('learned segmentation of held-out text (| ends a chunk):')

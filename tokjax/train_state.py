@@ -10,14 +10,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tokjax import models
-from tokjax import sharding
+from tokjax import models, sharding
 
 
 @flax.struct.dataclass
 class TrainState:
   """nonfinite counts steps whose loss or gradient was not finite: they leave params untouched, so a
   NaN never reaches a checkpoint; the loop stops with a message when the count grows."""
+
   step: jax.Array
   params: dict
   opt_state: optax.OptState
@@ -28,8 +28,12 @@ def learning_rate_schedule(optim, total_steps: int):
   """Linear warmup from warmup_init_factor * lr to lr, then cosine to min_lr_factor * lr."""
   warmup = max(1, min(optim.warmup_steps, total_steps - 1))
   return optax.warmup_cosine_decay_schedule(
-      init_value=optim.lr * optim.warmup_init_factor, peak_value=optim.lr, warmup_steps=warmup,
-      decay_steps=max(total_steps, warmup + 1), end_value=optim.lr * optim.min_lr_factor)
+      init_value=optim.lr * optim.warmup_init_factor,
+      peak_value=optim.lr,
+      warmup_steps=warmup,
+      decay_steps=max(total_steps, warmup + 1),
+      end_value=optim.lr * optim.min_lr_factor,
+  )
 
 
 def make_optimizer(config):
@@ -38,8 +42,14 @@ def make_optimizer(config):
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
   return optax.chain(
       optax.clip_by_global_norm(o.grad_clip),
-      optax.adamw(learning_rate_schedule(o, config.train.steps), b1=o.b1, b2=o.b2,
-                  weight_decay=o.weight_decay, mask=decay_mask))
+      optax.adamw(
+          learning_rate_schedule(o, config.train.steps),
+          b1=o.b1,
+          b2=o.b2,
+          weight_decay=o.weight_decay,
+          mask=decay_mask,
+      ),
+  )
 
 
 class Trainer:
@@ -55,8 +65,10 @@ class Trainer:
       boxed = jax.eval_shape(self._boxed_state, jax.random.PRNGKey(0))
       self.state_sharding = sharding.tree_shardings(boxed, mesh, config.mesh)
     self.abstract_state = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.unbox(boxed),
-        self.state_sharding)
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        nn.unbox(boxed),
+        self.state_sharding,
+    )
     self.num_params = sum(x.size for x in jax.tree.leaves(self.abstract_state.params))
     data_sharding = sharding.batch_sharding(mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -64,18 +76,27 @@ class Trainer:
     self._train_step = jax.jit(
         functools.partial(_train_step, train_objective, self.tx),
         in_shardings=(self.state_sharding, data_sharding, replicated),
-        out_shardings=(self.state_sharding, replicated), donate_argnums=(0,))
+        out_shardings=(self.state_sharding, replicated),
+        donate_argnums=(0,),
+    )
     self._eval_steps = {
-        mode: jax.jit(functools.partial(_eval_step, models.objective(config, self.model, mode)),
-                      in_shardings=(self.state_sharding.params, data_sharding, replicated),
-                      out_shardings=replicated)
-        for mode in (('sample', 'greedy') if config.model.kind == 'hierarchical' else ('sample',))}
+        mode: jax.jit(
+            functools.partial(_eval_step, models.objective(config, self.model, mode)),
+            in_shardings=(self.state_sharding.params, data_sharding, replicated),
+            out_shardings=replicated,
+        )
+        for mode in (('sample', 'greedy') if config.model.kind == 'hierarchical' else ('sample',))
+    }
     self._init = jax.jit(self._init_state, out_shardings=self.state_sharding)
 
   def _boxed_state(self, key):
     params = self.model.init(key, *self._init_args)['params']
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
-                      nonfinite=jnp.zeros((), jnp.int32))
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=self.tx.init(params),
+        nonfinite=jnp.zeros((), jnp.int32),
+    )
 
   def _init_state(self, key):
     return nn.unbox(self._boxed_state(key))
@@ -104,9 +125,15 @@ def _train_step(objective, tx, state, batch, key):
   metrics['grad_norm'] = optax.global_norm(grads)
   ok = jnp.isfinite(loss) & jnp.isfinite(metrics['grad_norm'])
   keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-  return TrainState(step=state.step + 1, params=keep(params, state.params),
-                    opt_state=keep(opt_state, state.opt_state),
-                    nonfinite=state.nonfinite + (~ok).astype(jnp.int32)), metrics
+  return (
+      TrainState(
+          step=state.step + 1,
+          params=keep(params, state.params),
+          opt_state=keep(opt_state, state.opt_state),
+          nonfinite=state.nonfinite + (~ok).astype(jnp.int32),
+      ),
+      metrics,
+  )
 
 
 def _eval_step(objective, params, batch, key):

@@ -47,12 +47,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from ml_collections import config_flags
+import numpy as np
 
-from tokjax import cli
-from tokjax import estimator
-from tokjax import losses
+from tokjax import cli, estimator, losses
 from tokjax.data import VOCAB_SIZE
 from tokjax.errors import UserError
 from tokjax.models import boundaries as bd
@@ -66,9 +64,12 @@ GAMMAS = (0.9, 0.97, 0.99, 1.0)
 # ----------------------------------------------------------------------------------------------------
 # Statistics.
 
+
 def flatten_batched(tree, n: int) -> np.ndarray:
   """A pytree whose leaves have a leading axis of n -> float64[n, P] (leaves in tree order)."""
-  return np.concatenate([np.asarray(x, np.float64).reshape(n, -1) for x in jax.tree.leaves(tree)], 1)
+  return np.concatenate(
+      [np.asarray(x, np.float64).reshape(n, -1) for x in jax.tree.leaves(tree)], 1
+  )
 
 
 def flatten(tree) -> np.ndarray:
@@ -89,8 +90,12 @@ def summarize(estimates, reference=None, reference_noise: float = 0.0) -> dict:
   n = est.shape[0]
   mean = est.mean(0)
   var = float(est.var(0, ddof=1).sum()) if n > 1 else 0.0
-  out = {'n': int(n), 'variance': var, 'mean_norm': float(np.linalg.norm(mean)),
-         'cos_single_mean': float(np.mean(_cos(est, mean[None]))) if var > 0 else 1.0}
+  out = {
+      'n': int(n),
+      'variance': var,
+      'mean_norm': float(np.linalg.norm(mean)),
+      'cos_single_mean': float(np.mean(_cos(est, mean[None]))) if var > 0 else 1.0,
+  }
   if reference is None:
     return out
   ref = np.asarray(reference, np.float64)
@@ -98,15 +103,17 @@ def summarize(estimates, reference=None, reference_noise: float = 0.0) -> dict:
   err2 = float(np.sum((mean - ref) ** 2))
   noise = var / n + reference_noise
   bias = float(np.sqrt(max(err2 - noise, 0.0)))
-  out.update({
-      'ref_norm': float(np.sqrt(ref_norm2)),
-      'cos_single_ref': float(np.mean(_cos(est, ref[None]))),
-      'cos_mean_ref': float(_cos(mean, ref)),
-      'bias': bias,
-      'rel_bias': bias / max(np.sqrt(ref_norm2), 1e-30),
-      'bias_chi': err2 / noise if noise > 0 else (0.0 if err2 == 0 else None),
-      'rel_variance': var / max(ref_norm2, 1e-30),
-  })
+  out.update(
+      {
+          'ref_norm': float(np.sqrt(ref_norm2)),
+          'cos_single_ref': float(np.mean(_cos(est, ref[None]))),
+          'cos_mean_ref': float(_cos(mean, ref)),
+          'bias': bias,
+          'rel_bias': bias / max(np.sqrt(ref_norm2), 1e-30),
+          'bias_chi': err2 / noise if noise > 0 else (0.0 if err2 == 0 else None),
+          'rel_variance': var / max(ref_norm2, 1e-30),
+      }
+  )
   if var > 0 and reference_noise == 0.0:
     # Largest per-coordinate z-score of mean - ref: robust to a covariance dominated by few directions
     # (where bias_chi has few effective degrees of freedom).
@@ -118,9 +125,11 @@ def summarize(estimates, reference=None, reference_noise: float = 0.0) -> dict:
 # ----------------------------------------------------------------------------------------------------
 # The problem: a model, its parameters and one fixed batch.
 
+
 @dataclasses.dataclass
 class Setup:
   """model: HierarchicalByteLM; params; tokens, targets: int32[B, L]; mask: float32[B, L]."""
+
   model: hierarchical.HierarchicalByteLM
   params: dict
   tokens: jax.Array
@@ -137,8 +146,9 @@ TINY_L, TINY_D = 8, 16
 
 def tiny_model(boundary) -> hierarchical.HierarchicalByteLM:
   """d_model 16, one block per stack, L = 8, capacity 8 (never binding: 6 free decisions)."""
-  return hierarchical.HierarchicalByteLM(VOCAB_SIZE, TINY_D, 2, 1, 1, 1, boundary, byte_window=4,
-                                         capacity=TINY_L)
+  return hierarchical.HierarchicalByteLM(
+      VOCAB_SIZE, TINY_D, 2, 1, 1, 1, boundary, byte_window=4, capacity=TINY_L
+  )
 
 
 def tiny_setups(seed: int = 0, batch: int = 8) -> dict[str, Setup]:
@@ -153,9 +163,11 @@ def tiny_setups(seed: int = 0, batch: int = 8) -> dict[str, Setup]:
   targets = jax.random.randint(k_tgt, (batch, TINY_L), 0, 256)
   mask = jnp.ones((batch, TINY_L), jnp.float32)
   init = lambda m: nn.unbox(m.init(k_init, tokens[:1], jax.random.PRNGKey(0)))['params']
-  modules = {'policy': bd.BoundaryPolicy(target_rate=0.3, window=1, capacity=TINY_L),
-             'gumbel': gumbel_lib.GumbelPooling(target_rate=0.3, capacity=TINY_L),
-             'hnet': hnet_lib.HNetRouter(target_rate=0.3, capacity=TINY_L)}
+  modules = {
+      'policy': bd.BoundaryPolicy(target_rate=0.3, window=1, capacity=TINY_L),
+      'gumbel': gumbel_lib.GumbelPooling(target_rate=0.3, capacity=TINY_L),
+      'hnet': hnet_lib.HNetRouter(target_rate=0.3, capacity=TINY_L),
+  }
   base = init(tiny_model(modules['policy']))
   base['boundary']['proj']['kernel'] = base['boundary']['proj']['kernel'] * 60.0
   out = {}
@@ -171,8 +183,8 @@ def tiny_setups(seed: int = 0, batch: int = 8) -> dict[str, Setup]:
 def all_patterns(l: int) -> jax.Array:
   """float32[2^(l-2), l]: every boundary vector with forced ends; row i has free bits = binary i."""
   n = l - 2
-  bits = (np.arange(2 ** n)[:, None] >> np.arange(n - 1, -1, -1)[None]) & 1
-  ones = np.ones((2 ** n, 1))
+  bits = (np.arange(2**n)[:, None] >> np.arange(n - 1, -1, -1)[None]) & 1
+  ones = np.ones((2**n, 1))
   return jnp.asarray(np.concatenate([ones, bits, ones], 1), jnp.float32)
 
 
@@ -186,7 +198,11 @@ def pattern_index(actions) -> jax.Array:
 def _stop_ste_gate(next_fun, args, kwargs, context):
   """Method interceptor: the straight-through factor keeps its forward value 1 but loses its gradient."""
   out = next_fun(*args, **kwargs)
-  if context.method_name == '__call__' and isinstance(out, bd.Boundaries) and out.chunk_gate is not None:
+  if (
+      context.method_name == '__call__'
+      and isinstance(out, bd.Boundaries)
+      and out.chunk_gate is not None
+  ):
     out = out.replace(chunk_gate=jax.lax.stop_gradient(out.chunk_gate))
   return out
 
@@ -203,8 +219,13 @@ def _enumerated(setup: Setup, boundary_params, pathwise: bool):
   rep = lambda x: jnp.repeat(x, n_pat, axis=0)
   acts = jnp.tile(pats, (b, 1))
   with nn.intercept_methods(_stop_ste_gate):
-    out = setup.model.apply({'params': dict(setup.params, boundary=boundary_params)},
-                            rep(setup.tokens), None, mode='given', actions=acts)
+    out = setup.model.apply(
+        {'params': dict(setup.params, boundary=boundary_params)},
+        rep(setup.tokens),
+        None,
+        mode='given',
+        actions=acts,
+    )
   ce = losses.cross_entropy(out['logits'], rep(setup.targets)) * rep(setup.mask)
   if not pathwise:
     ce = jax.lax.stop_gradient(ce)
@@ -215,18 +236,22 @@ def _enumerated(setup: Setup, boundary_params, pathwise: bool):
 
 def exact_gradient(setup: Setup, pathwise: bool = False):
   """grad over boundary params of E_a[sum_bt CE(b, t; a)] / sum(mask), by enumeration (tiny L)."""
+
   def expected(pb):
     ce, log_p = _enumerated(setup, pb, pathwise)
     return jnp.sum(jnp.exp(log_p) * ce.sum(-1)) / jnp.sum(setup.mask)
+
   return jax.jit(jax.grad(expected))(setup.boundary_params)
 
 
 # ----------------------------------------------------------------------------------------------------
 # Score-function estimates.
 
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
   """One score-function estimator. baseline: 'none' | 'batch' | 'rloo' | 'value'."""
+
   name: str
   reward: str = 'early_exit'
   baseline: str = 'batch'
@@ -234,39 +259,72 @@ class Variant:
   gae_lambda: float = 1.0
   rloo_k: int = 1
   group: str = ''
-  critic: str = 'ideal'  # 'value' baseline: 'ideal' (V_t = E[G_t]) | 'learned' (the model's critic head).
+  critic: str = (
+      'ideal'  # 'value' baseline: 'ideal' (V_t = E[G_t]) | 'learned' (the model's critic head).
+  )
 
   def config(self):
-    return ml_collections.ConfigDict(dict(
-        reward=self.reward, baseline='batch' if self.baseline == 'none' else self.baseline,
-        batch_relative=self.baseline == 'batch', gamma=self.gamma, gae_lambda=self.gae_lambda,
-        rloo_k=max(self.rloo_k, 2)))
+    return ml_collections.ConfigDict(
+        dict(
+            reward=self.reward,
+            baseline='batch' if self.baseline == 'none' else self.baseline,
+            batch_relative=self.baseline == 'batch',
+            gamma=self.gamma,
+            gae_lambda=self.gae_lambda,
+            rloo_k=max(self.rloo_k, 2),
+        )
+    )
 
 
 def default_variants(rloo_k: int = 4) -> list[Variant]:
   """The paper's ladder, the gamma sweeps (for the plot) and the two estimators past the paper."""
-  v = [Variant('REINFORCE (reward -CE, gamma 1, no baseline)', 'plain', 'none', 1.0, group='ladder'),
-       Variant('+ early-exit reward', 'early_exit', 'none', 1.0, group='ladder'),
-       Variant('+ batch-relative advantage', 'early_exit', 'batch', 1.0, group='ladder'),
-       Variant('full method (gamma 0.99)', 'early_exit', 'batch', 0.99, group='ladder')]
-  v += [Variant(f'plain, no baseline, gamma {g}', 'plain', 'none', g, group='sweep_plain')
-        for g in GAMMAS]
-  v += [Variant(f'full method, gamma {g}', 'early_exit', 'batch', g, group='sweep_full')
-        for g in GAMMAS]
-  v += [Variant(f'RLOO K={rloo_k} (gamma 0.99)', 'early_exit', 'rloo', 0.99, rloo_k=rloo_k,
-                group='past'),
-        Variant(f'RLOO K={rloo_k} (gamma 1)', 'early_exit', 'rloo', 1.0, rloo_k=rloo_k, group='past'),
-        Variant('value + GAE(0.99, 0.95)', 'early_exit', 'value', 0.99, 0.95, group='past'),
-        Variant('value + GAE(1, 1)', 'early_exit', 'value', 1.0, 1.0, group='past')]
+  v = [
+      Variant('REINFORCE (reward -CE, gamma 1, no baseline)', 'plain', 'none', 1.0, group='ladder'),
+      Variant('+ early-exit reward', 'early_exit', 'none', 1.0, group='ladder'),
+      Variant('+ batch-relative advantage', 'early_exit', 'batch', 1.0, group='ladder'),
+      Variant('full method (gamma 0.99)', 'early_exit', 'batch', 0.99, group='ladder'),
+  ]
+  v += [
+      Variant(f'plain, no baseline, gamma {g}', 'plain', 'none', g, group='sweep_plain')
+      for g in GAMMAS
+  ]
+  v += [
+      Variant(f'full method, gamma {g}', 'early_exit', 'batch', g, group='sweep_full')
+      for g in GAMMAS
+  ]
+  v += [
+      Variant(
+          f'RLOO K={rloo_k} (gamma 0.99)', 'early_exit', 'rloo', 0.99, rloo_k=rloo_k, group='past'
+      ),
+      Variant(f'RLOO K={rloo_k} (gamma 1)', 'early_exit', 'rloo', 1.0, rloo_k=rloo_k, group='past'),
+      Variant('value + GAE(0.99, 0.95)', 'early_exit', 'value', 0.99, 0.95, group='past'),
+      Variant('value + GAE(1, 1)', 'early_exit', 'value', 1.0, 1.0, group='past'),
+  ]
   return v
 
 
 def learned_critic_variants() -> list[Variant]:
   """The value baselines again with the model's own critic head (models trained with baseline 'value')."""
-  return [Variant('value + GAE(0.99, 0.95), learned critic', 'early_exit', 'value', 0.99, 0.95,
-                  group='past', critic='learned'),
-          Variant('value + GAE(1, 1), learned critic', 'early_exit', 'value', 1.0, 1.0, group='past',
-                  critic='learned')]
+  return [
+      Variant(
+          'value + GAE(0.99, 0.95), learned critic',
+          'early_exit',
+          'value',
+          0.99,
+          0.95,
+          group='past',
+          critic='learned',
+      ),
+      Variant(
+          'value + GAE(1, 1), learned critic',
+          'early_exit',
+          'value',
+          1.0,
+          1.0,
+          group='past',
+          critic='learned',
+      ),
+  ]
 
 
 def encode(setup: Setup):
@@ -291,15 +349,18 @@ def ce_table_fn(setup: Setup):
 
 def ce_forward_fn(setup: Setup, chunk: int = 8):
   """For any model: actions float[N, B, L] -> CE_full float32[N, B, L] by forward passes."""
+
   def one(a):
     out = setup.model.apply({'params': setup.params}, setup.tokens, None, mode='given', actions=a)
     return losses.cross_entropy(out['logits'], setup.targets) * setup.mask
+
   fwd = jax.jit(jax.vmap(one))
 
   def run(actions):
     n = actions.shape[0]
-    parts = [fwd(actions[i:i + chunk]) for i in range(0, n, chunk)]
+    parts = [fwd(actions[i : i + chunk]) for i in range(0, n, chunk)]
     return jnp.concatenate(parts, 0)
+
   return run
 
 
@@ -312,7 +373,9 @@ def _policy_grads(setup: Setup, h, mask, actions, coefs):
     def surrogate(pb):
       b = policy.apply({'params': pb}, h, None, mode='given', actions=a)
       return estimator.policy_loss(b.log_probs, g, b.free & (mask > 0))
+
     return jax.grad(surrogate)(setup.boundary_params)
+
   grads = jax.jit(jax.vmap(one))(actions, coefs)
   return flatten_batched(grads, actions.shape[0])
 
@@ -320,7 +383,9 @@ def _policy_grads(setup: Setup, h, mask, actions, coefs):
 def learned_values(setup: Setup, h):
   """The model's critic head on encoder states h: [B, L, D] -> float32[B, L]."""
   if not setup.model.value_head:
-    raise UserError('the learned-critic variants need a model trained with estimator.baseline="value".')
+    raise UserError(
+        'the learned-critic variants need a model trained with estimator.baseline="value".'
+    )
   return setup.model.apply({'params': setup.params}, h, method=lambda m, x: m.critic(x))
 
 
@@ -338,7 +403,7 @@ def variant_estimates(setup: Setup, variant: Variant, h, ce_early, actions, ce_f
     k = variant.rloo_k
     m = actions.shape[0] // k
     b, l = mask.shape
-    group = lambda x: x[:m * k].reshape(m, k * b, l)  # Draws k*m .. : rows k'*B + b of estimate m.
+    group = lambda x: x[: m * k].reshape(m, k * b, l)  # Draws k*m .. : rows k'*B + b of estimate m.
     mask_k = jnp.tile(mask, (k, 1))
     coefs = jax.vmap(lambda rr: estimator.advantages_and_returns(rr, mask_k, cfg)[1])(group(r))
     return _policy_grads(setup, jnp.tile(h, (k, 1, 1)), mask_k, group(actions), coefs)
@@ -363,7 +428,9 @@ def sampled_reference(setup: Setup, h, ce_early, key, n: int, ce_fn):
   Returns (g*: float64[P], noise: tr(Cov) of the mean, E[CE_full]: float32[B, L] from the same draws).
   """
   if n < 2 * REF_K:
-    raise UserError(f'--ref_samples={n} is too few for the sampled reference: use at least {2 * REF_K}.')
+    raise UserError(
+        f'--ref_samples={n} is too few for the sampled reference: use at least {2 * REF_K}.'
+    )
   actions = draw_actions(setup, h, key, n)
   ce = ce_fn(actions)
   mean_ce_full = jnp.mean(ce, 0)
@@ -375,15 +442,21 @@ def sampled_reference(setup: Setup, h, ce_early, key, n: int, ce_fn):
 # ----------------------------------------------------------------------------------------------------
 # Straight-through estimates.
 
+
 def ste_estimates(setup: Setup, key, n: int) -> np.ndarray:
   """float64[n, P]: gradients of mean CE_full over the predictor's params, one per boundary draw."""
+
   def one(k):
     def lm(pb):
-      out = setup.model.apply({'params': dict(setup.params, boundary=pb)}, setup.tokens, k,
-                              mode='sample')
-      return losses.masked_mean(losses.cross_entropy(out['logits'], setup.targets) * setup.mask,
-                                setup.mask)
+      out = setup.model.apply(
+          {'params': dict(setup.params, boundary=pb)}, setup.tokens, k, mode='sample'
+      )
+      return losses.masked_mean(
+          losses.cross_entropy(out['logits'], setup.targets) * setup.mask, setup.mask
+      )
+
     return jax.grad(lm)(setup.boundary_params)
+
   grads = jax.jit(jax.vmap(one))(jax.random.split(key, n))
   return flatten_batched(grads, n)
 
@@ -391,8 +464,18 @@ def ste_estimates(setup: Setup, key, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------
 # The lab.
 
-def run_lab(setup: Setup, key, n_samples: int, variants=None, ste_setups=None, exact: bool = True,
-            ref_samples: int = 0, ste_samples: int = 0, log=print) -> dict:
+
+def run_lab(
+    setup: Setup,
+    key,
+    n_samples: int,
+    variants=None,
+    ste_setups=None,
+    exact: bool = True,
+    ref_samples: int = 0,
+    ste_samples: int = 0,
+    log=print,
+) -> dict:
   """Measures every variant on `setup` (whose boundary method must be the score-function policy).
 
   exact: enumerate the reference (tiny L only); otherwise sample it from ref_samples extra draws.
@@ -401,8 +484,10 @@ def run_lab(setup: Setup, key, n_samples: int, variants=None, ste_setups=None, e
   Returns {'reference': {...}, 'rows': [dict per variant]}.
   """
   if not isinstance(setup.model.boundary, bd.BoundaryPolicy):
-    raise UserError('the estimator lab measures the score-function policy: the model\'s '
-                    'boundary.method must be "policy".')
+    raise UserError(
+        "the estimator lab measures the score-function policy: the model's "
+        'boundary.method must be "policy".'
+    )
   variants = default_variants() if variants is None else variants
   k_draw, k_ref, k_ste = jax.random.split(key, 3)
   h, ce_early = encode(setup)
@@ -417,37 +502,58 @@ def run_lab(setup: Setup, key, n_samples: int, variants=None, ste_setups=None, e
   else:
     ce_fn = ce_forward_fn(setup)
     ref, noise, mean_ce_full = sampled_reference(setup, h, ce_early, k_ref, ref_samples, ce_fn)
-    ref_info = {'kind': f'mean of {ref_samples // REF_K} RLOO K={REF_K} gamma-1 estimates '
-                        f'({ref_samples} draws)', 'noise': noise}
+    ref_info = {
+        'kind': f'mean of {ref_samples // REF_K} RLOO K={REF_K} gamma-1 estimates '
+        f'({ref_samples} draws)',
+        'noise': noise,
+    }
   ce_full = ce_fn(actions)
-  log(f'reference ({ref_info["kind"]}): |g*| = {np.linalg.norm(ref):.4g}; CE of {n_samples} draws '
-      f'in {time.time() - t0:.1f}s')
+  log(
+      f'reference ({ref_info["kind"]}): |g*| = {np.linalg.norm(ref):.4g}; CE of {n_samples} draws '
+      f'in {time.time() - t0:.1f}s'
+  )
   rows = []
   for v in variants:
     t0 = time.time()
     est = variant_estimates(setup, v, h, ce_early, actions, ce_full, mean_ce_full)
     stats = summarize(est, ref, ref_info['noise'])
-    rows.append(dict(name=v.name, group=v.group, gamma=v.gamma, draws=max(v.rloo_k, 1), **stats,
-                     var_x_draws=stats['variance'] * max(v.rloo_k, 1)))
-    log(f'{v.name:48s} var {stats["variance"]:.4g} rel.bias {stats["rel_bias"]:.3f} '
-        f'chi {stats["bias_chi"]:.3g} ({time.time() - t0:.1f}s)')
+    rows.append(
+        dict(
+            name=v.name,
+            group=v.group,
+            gamma=v.gamma,
+            draws=max(v.rloo_k, 1),
+            **stats,
+            var_x_draws=stats['variance'] * max(v.rloo_k, 1),
+        )
+    )
+    log(
+        f'{v.name:48s} var {stats["variance"]:.4g} rel.bias {stats["rel_bias"]:.3f} '
+        f'chi {stats["bias_chi"]:.3g} ({time.time() - t0:.1f}s)'
+    )
   for name, ste in (ste_setups or {}).items():
     t0 = time.time()
     ste_ref = flatten(exact_gradient(ste, pathwise=(name == 'hnet')))
     n = 2 if name == 'hnet' else (ste_samples or n_samples)  # H-Net's rule is deterministic.
     est = ste_estimates(ste, jax.random.fold_in(k_ste, len(name)), n)
     stats = summarize(est, ste_ref)
-    label = {'hnet': 'H-Net straight-through (router params)',
-             'gumbel': 'Gumbel straight-through (MLP params)'}.get(name, name)
-    rows.append(dict(name=label, group='ste', gamma=None, draws=1, **stats,
-                     var_x_draws=stats['variance']))
-    log(f'{label:48s} var {stats["variance"]:.4g} rel.bias {stats["rel_bias"]:.3f} '
-        f'cos(mean, ref) {stats["cos_mean_ref"]:.3f} ({time.time() - t0:.1f}s)')
+    label = {
+        'hnet': 'H-Net straight-through (router params)',
+        'gumbel': 'Gumbel straight-through (MLP params)',
+    }.get(name, name)
+    rows.append(
+        dict(name=label, group='ste', gamma=None, draws=1, **stats, var_x_draws=stats['variance'])
+    )
+    log(
+        f'{label:48s} var {stats["variance"]:.4g} rel.bias {stats["rel_bias"]:.3f} '
+        f'cos(mean, ref) {stats["cos_mean_ref"]:.3f} ({time.time() - t0:.1f}s)'
+    )
   return {'reference': dict(ref_info, norm=float(np.linalg.norm(ref))), 'rows': rows}
 
 
 # ----------------------------------------------------------------------------------------------------
 # Reports.
+
 
 def _fmt(x, digits=3):
   if x is None:
@@ -459,27 +565,37 @@ def _fmt(x, digits=3):
 
 def to_markdown(result: dict, command: str) -> str:
   ref = result['reference']
-  lines = [f'Command: `{command}`', '',
-           f'Reference gradient: {ref["kind"]}, |g*| = {ref["norm"]:.4g}.', '',
-           '| variant | draws/est. | estimates | tr(Cov) | tr(Cov)/abs(g*)^2 | var x draws | '
-           'cos(single, mean) | cos(single, g*) | cos(mean, g*) | rel. bias | bias chi | max z |',
-           '|---|---|---|---|---|---|---|---|---|---|---|---|']
+  lines = [
+      f'Command: `{command}`',
+      '',
+      f'Reference gradient: {ref["kind"]}, |g*| = {ref["norm"]:.4g}.',
+      '',
+      '| variant | draws/est. | estimates | tr(Cov) | tr(Cov)/abs(g*)^2 | var x draws | '
+      'cos(single, mean) | cos(single, g*) | cos(mean, g*) | rel. bias | bias chi | max z |',
+      '|---|---|---|---|---|---|---|---|---|---|---|---|',
+  ]
   for r in result['rows']:
-    lines.append(f'| {r["name"]} | {r["draws"]} | {r["n"]} | {_fmt(r["variance"])} | '
-                 f'{_fmt(r["rel_variance"])} | {_fmt(r["var_x_draws"])} | {_fmt(r["cos_single_mean"])} | '
-                 f'{_fmt(r["cos_single_ref"])} | {_fmt(r["cos_mean_ref"])} | {_fmt(r["rel_bias"])} | '
-                 f'{_fmt(r["bias_chi"])} | {_fmt(r.get("max_z", "-"))} |')
+    lines.append(
+        f'| {r["name"]} | {r["draws"]} | {r["n"]} | {_fmt(r["variance"])} | '
+        f'{_fmt(r["rel_variance"])} | {_fmt(r["var_x_draws"])} | {_fmt(r["cos_single_mean"])} | '
+        f'{_fmt(r["cos_single_ref"])} | {_fmt(r["cos_mean_ref"])} | {_fmt(r["rel_bias"])} | '
+        f'{_fmt(r["bias_chi"])} | {_fmt(r.get("max_z", "-"))} |'
+    )
   return '\n'.join(lines) + '\n'
 
 
 def plot_variance(result: dict, path: str) -> None:
   """PNG of variance (relative to |g*|^2) against gamma for the two gamma sweeps."""
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   fig, ax = plt.subplots(figsize=(5, 3.5))
-  for group, label in (('sweep_plain', 'reward -CE, no baseline'),
-                       ('sweep_full', 'early-exit reward + batch-relative')):
+  for group, label in (
+      ('sweep_plain', 'reward -CE, no baseline'),
+      ('sweep_full', 'early-exit reward + batch-relative'),
+  ):
     rows = sorted((r for r in result['rows'] if r['group'] == group), key=lambda r: r['gamma'])
     if rows:
       ax.plot([r['gamma'] for r in rows], [r['rel_variance'] for r in rows], 'o-', label=label)
@@ -508,24 +624,34 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   _CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'Run folder of a trained model to measure.')
   _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config of a fresh (untrained) model.')
   _SAMPLES = flags.DEFINE_integer('samples', 4000, 'Boundary draws of the batch per variant.')
-  _REF_SAMPLES = flags.DEFINE_integer('ref_samples', 0, 'Draws of the sampled reference (0 = 4 x samples).')
+  _REF_SAMPLES = flags.DEFINE_integer(
+      'ref_samples', 0, 'Draws of the sampled reference (0 = 4 x samples).'
+  )
   _RLOO_K = flags.DEFINE_integer('rloo_k', 4, 'Draws per sequence of the RLOO variants.')
-  _BATCH = flags.DEFINE_integer('batch', 8, 'Rows of the tiny model\'s batch.')
+  _BATCH = flags.DEFINE_integer('batch', 8, "Rows of the tiny model's batch.")
   _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the tiny problem and of the draws.')
   _OUT = flags.DEFINE_string('out', 'results/estimators', 'Output folder.')
-  _NAME = flags.DEFINE_string('name', '', 'File stem of the outputs (default: tiny | config | checkpoint).')
+  _NAME = flags.DEFINE_string(
+      'name', '', 'File stem of the outputs (default: tiny | config | checkpoint).'
+  )
 
 
 def _model_setup(config, params, seed: int) -> Setup:
   from tokjax import models  # pylint: disable=g-import-not-at-top
   from tokjax.data import pipeline  # pylint: disable=g-import-not-at-top
+
   model = models.build_model(config)
   if params is None:
     init_args = models.init_args(config, 1, config.data.seq_len)
     params = nn.unbox(model.init(jax.random.PRNGKey(config.seed), *init_args))['params']
   batch = pipeline.build_data(config).val_batches[0]
-  return Setup(model, params, jnp.asarray(batch['inputs']), jnp.asarray(batch['targets']),
-               jnp.asarray(batch['mask'], jnp.float32))
+  return Setup(
+      model,
+      params,
+      jnp.asarray(batch['inputs']),
+      jnp.asarray(batch['targets']),
+      jnp.asarray(batch['mask'], jnp.float32),
+  )
 
 
 def main(argv):
@@ -541,6 +667,7 @@ def main(argv):
   if _CHECKPOINT.value or _CONFIG.value is not None:
     if _CHECKPOINT.value:
       from tokjax import evaluate  # pylint: disable=g-import-not-at-top
+
       ckpt = evaluate.load_checkpoint(_CHECKPOINT.value)
       config, params, name = ckpt.config, ckpt.params, 'checkpoint'
     else:
@@ -555,8 +682,13 @@ def main(argv):
   else:
     setups = tiny_setups(_SEED.value, _BATCH.value)
     name = 'tiny'
-    result = run_lab(setups['policy'], key, _SAMPLES.value, variants,
-                     ste_setups={k: setups[k] for k in ('gumbel', 'hnet')})
+    result = run_lab(
+        setups['policy'],
+        key,
+        _SAMPLES.value,
+        variants,
+        ste_setups={k: setups[k] for k in ('gumbel', 'hnet')},
+    )
   command = 'python -m tokjax.analysis.estimators ' + ' '.join(sys.argv[1:])
   write_outputs(result, _OUT.value, command.strip(), _NAME.value or name)
   print(f'wrote {_OUT.value}/{_NAME.value or name}.md, .json and _variance_vs_gamma.png')

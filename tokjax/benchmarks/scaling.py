@@ -31,19 +31,26 @@ from tokjax import cli
 from tokjax.errors import UserError
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
-  _CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config file (ml_collections).')
+  _CONFIG = config_flags.DEFINE_config_file(
+      'config', 'configs/default.py', 'Config file (ml_collections).'
+  )
   _DEVICES = flags.DEFINE_list('devices', ['1', '2', '4', '8'], 'Device counts to measure.')
   _LAYOUT = flags.DEFINE_enum('layout', 'fsdp', ['fsdp', 'data', 'tensor'], 'Mesh axis to scale.')
-  _STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per device count (after 2 warm-up steps).')
+  _STEPS = flags.DEFINE_integer(
+      'steps', 10, 'Timed steps per device count (after 2 warm-up steps).'
+  )
   _OUT = flags.DEFINE_string('out', '', 'Also write the rows as JSON to this file.')
-  _WORKER = flags.DEFINE_integer('worker', 0, 'Internal: measure this many devices in this process.')
+  _WORKER = flags.DEFINE_integer(
+      'worker', 0, 'Internal: measure this many devices in this process.'
+  )
 
-MIB = 2.0 ** 20
+MIB = 2.0**20
 
 
 def _per_device_bytes(tree) -> int:
   """Bytes of the shards of `tree` that the first device holds."""
   import jax  # pylint: disable=g-import-not-at-top
+
   first = jax.devices()[0]
   total = 0
   for x in jax.tree.leaves(tree):
@@ -55,11 +62,16 @@ def measure(config, n: int, layout: str, steps: int) -> dict:
   """One row: step time and per-device memory of the train step on the first n devices."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   from tokjax import sharding, train_state  # pylint: disable=g-import-not-at-top
+
   if len(jax.devices()) < n:
     raise UserError(f'{n} devices requested but jax sees {len(jax.devices())}; lower --devices.')
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = {
-      'fsdp': (1, n, 1), 'data': (n, 1, 1), 'tensor': (1, 1, n)}[layout]
+      'fsdp': (1, n, 1),
+      'data': (n, 1, 1),
+      'tensor': (1, 1, n),
+  }[layout]
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:n])
   trainer = train_state.Trainer(config, mesh)
   state = trainer.init(jax.random.PRNGKey(0))
@@ -67,7 +79,8 @@ def measure(config, n: int, layout: str, steps: int) -> dict:
   rng = np.random.default_rng(0)
   toks = rng.integers(0, 256, (b, l + 1)).astype(np.int32)
   batch = sharding.global_batch(
-      dict(inputs=toks[:, :-1], targets=toks[:, 1:], mask=np.ones((b, l), np.float32)), mesh)
+      dict(inputs=toks[:, :-1], targets=toks[:, 1:], mask=np.ones((b, l), np.float32)), mesh
+  )
   key = jax.random.PRNGKey(1)
   t0 = time.perf_counter()
   with sharding.use(mesh, config.mesh):
@@ -75,15 +88,21 @@ def measure(config, n: int, layout: str, steps: int) -> dict:
   compile_s = time.perf_counter() - t0
   mem = compiled.memory_analysis()
   row = {
-      'devices': n, 'mesh': dict(mesh.shape), 'platform': jax.devices()[0].platform,
+      'devices': n,
+      'mesh': dict(mesh.shape),
+      'platform': jax.devices()[0].platform,
       'params_M': trainer.num_params / 1e6,
       'param_mib_per_device': _per_device_bytes(state.params) / MIB,
       'opt_state_mib_per_device': _per_device_bytes(state.opt_state) / MIB,
       'compile_s': compile_s,
   }
   if mem is not None:
-    peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-            + mem.temp_size_in_bytes)
+    peak = (
+        mem.argument_size_in_bytes
+        + mem.output_size_in_bytes
+        - mem.alias_size_in_bytes
+        + mem.temp_size_in_bytes
+    )
     row.update(peak_mib_per_device=peak / MIB, temp_mib_per_device=mem.temp_size_in_bytes / MIB)
   for _ in range(2):
     state, metrics = compiled(state, batch, key)
@@ -100,7 +119,9 @@ def measure(config, n: int, layout: str, steps: int) -> dict:
 
 
 def _child_env(n: int) -> dict:
-  flags_ = re.sub(r'--xla_force_host_platform_device_count=\S+', '', os.environ.get('XLA_FLAGS', ''))
+  flags_ = re.sub(
+      r'--xla_force_host_platform_device_count=\S+', '', os.environ.get('XLA_FLAGS', '')
+  )
   # First, so that an unparsable token later in the user's XLA_FLAGS cannot hide it.
   return dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={n} {flags_}'.strip())
 
@@ -112,8 +133,15 @@ def run_all(devices, layout: str, steps: int) -> list[dict]:
   overrides = [a for a in sys.argv[1:] if a.startswith('--config.')]
   config_file = config_flags.get_config_filename(flags.FLAGS['config'])
   for n in devices:
-    cmd = [sys.executable, '-m', 'tokjax.benchmarks.scaling', f'--worker={n}',
-           f'--config={config_file}', f'--layout={layout}', f'--steps={steps}'] + overrides
+    cmd = [
+        sys.executable,
+        '-m',
+        'tokjax.benchmarks.scaling',
+        f'--worker={n}',
+        f'--config={config_file}',
+        f'--layout={layout}',
+        f'--steps={steps}',
+    ] + overrides
     proc = subprocess.run(cmd, env=_child_env(n), capture_output=True, text=True, check=False)
     lines = [x for x in proc.stdout.splitlines() if x.startswith('{')]
     if proc.returncode or not lines:
@@ -123,17 +151,21 @@ def run_all(devices, layout: str, steps: int) -> list[dict]:
   return rows
 
 
-HEADER = ('devices  mesh(data,fsdp,tensor)  step ms  compile s  params MiB/dev  opt MiB/dev  '
-          'peak MiB/dev (compiled)  peak MiB (device)')
+HEADER = (
+    'devices  mesh(data,fsdp,tensor)  step ms  compile s  params MiB/dev  opt MiB/dev  '
+    'peak MiB/dev (compiled)  peak MiB (device)'
+)
 
 
 def format_row(r: dict) -> str:
   mesh = ','.join(str(v) for v in r['mesh'].values())
   peak = f'{r["peak_mib_per_device"]:.2f}' if 'peak_mib_per_device' in r else 'n/a'
   dev = f'{r["device_peak_mib"]:.2f}' if 'device_peak_mib' in r else 'n/a'
-  return (f'{r["devices"]:>7}  {mesh:>22}  {r["step_ms"]:7.1f}  {r["compile_s"]:9.1f}  '
-          f'{r["param_mib_per_device"]:14.3f}  {r["opt_state_mib_per_device"]:11.3f}  '
-          f'{peak:>23}  {dev:>17}')
+  return (
+      f'{r["devices"]:>7}  {mesh:>22}  {r["step_ms"]:7.1f}  {r["compile_s"]:9.1f}  '
+      f'{r["param_mib_per_device"]:14.3f}  {r["opt_state_mib_per_device"]:11.3f}  '
+      f'{peak:>23}  {dev:>17}'
+  )
 
 
 def main(argv):
@@ -145,10 +177,15 @@ def main(argv):
   try:
     devices = [int(d) for d in _DEVICES.value]
   except ValueError:
-    raise UserError(f'--devices={",".join(_DEVICES.value)} must be integers, e.g. 1,2,4,8.') from None
-  print(f'train step of {config.model.kind} d_model {config.model.d_model}, batch '
-        f'{config.data.batch_size} x {config.data.seq_len} bytes, layout {_LAYOUT.value}, '
-        f'{_STEPS.value} timed steps', flush=True)
+    raise UserError(
+        f'--devices={",".join(_DEVICES.value)} must be integers, e.g. 1,2,4,8.'
+    ) from None
+  print(
+      f'train step of {config.model.kind} d_model {config.model.d_model}, batch '
+      f'{config.data.batch_size} x {config.data.seq_len} bytes, layout {_LAYOUT.value}, '
+      f'{_STEPS.value} timed steps',
+      flush=True,
+  )
   print(HEADER, flush=True)
   rows = run_all(devices, _LAYOUT.value, _STEPS.value)
   if _OUT.value:

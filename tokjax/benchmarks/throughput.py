@@ -18,16 +18,15 @@ from absl import flags
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 from ml_collections import config_flags
+import numpy as np
 
-from tokjax import cli
-from tokjax import models
-from tokjax import sharding
-from tokjax import train_state
+from tokjax import cli, models, sharding, train_state
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
-  _CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config file (ml_collections).')
+  _CONFIG = config_flags.DEFINE_config_file(
+      'config', 'configs/default.py', 'Config file (ml_collections).'
+  )
   _SEQ_LENS = flags.DEFINE_list('seq_lens', ['512', '2048'], 'Sequence lengths to measure.')
   _STEPS = flags.DEFINE_integer('steps', 5, 'Timed steps per measurement.')
 
@@ -61,14 +60,20 @@ def _time_train_step(config, steps):
   state = trainer.init(jax.random.PRNGKey(0))
   b, l = config.data.batch_size, config.data.seq_len
   rng = np.random.default_rng(0)
-  batch = sharding.global_batch({'inputs': rng.integers(0, 256, (b, l), dtype=np.int32),
-                                 'targets': rng.integers(0, 256, (b, l), dtype=np.int32),
-                                 'mask': np.ones((b, l), np.float32)}, mesh)
+  batch = sharding.global_batch(
+      {
+          'inputs': rng.integers(0, 256, (b, l), dtype=np.int32),
+          'targets': rng.integers(0, 256, (b, l), dtype=np.int32),
+          'mask': np.ones((b, l), np.float32),
+      },
+      mesh,
+  )
   holder = {'state': state}
 
   def step():
     holder['state'], metrics = trainer.train_step(holder['state'], batch, jax.random.PRNGKey(1))
     return metrics['loss']
+
   seconds = _median_seconds(step, steps)
   return seconds, trainer, holder['state'], batch
 
@@ -76,8 +81,11 @@ def _time_train_step(config, steps):
 def _sampling_seconds(trainer, params, batch, steps):
   model, tokens, key = trainer.model, batch['inputs'], jax.random.PRNGKey(2)
   encode = jax.jit(lambda p, t: model.apply({'params': p}, t, method=lambda m, x: m.encode(x)[0]))
-  draw = jax.jit(lambda p, t, k: model.apply(
-      {'params': p}, t, k, method=lambda m, x, kk: m.boundary(m.encode(x)[0], kk).actions))
+  draw = jax.jit(
+      lambda p, t, k: model.apply(
+          {'params': p}, t, k, method=lambda m, x, kk: m.boundary(m.encode(x)[0], kk).actions
+      )
+  )
   t_enc = _median_seconds(lambda: encode(params, tokens), steps)
   t_draw = _median_seconds(lambda: draw(params, tokens, key), steps)
   return max(t_draw - t_enc, 0.0)
@@ -88,8 +96,10 @@ def main(argv):
   config = _CONFIG.value
   bytes_per_step = config.data.batch_size * config.data.seq_len
   steps = _STEPS.value
-  print(f'{"L":>5} {"batch":>5} {"model":<26} {"params":>8} {"step ms":>9} {"bytes/s":>9} '
-        f'{"sampling share":>15}')
+  print(
+      f'{"L":>5} {"batch":>5} {"model":<26} {"params":>8} {"step ms":>9} {"bytes/s":>9} '
+      f'{"sampling share":>15}'
+  )
   for seq_len in map(int, _SEQ_LENS.value):
     batch = max(1, bytes_per_step // seq_len)
     hier_params = None
@@ -98,22 +108,29 @@ def main(argv):
       sec, trainer, state, data = _time_train_step(c, steps)
       share = _sampling_seconds(trainer, state.params, data, steps) / sec
       hier_params = trainer.num_params
-      print(f'{seq_len:>5} {batch:>5} {f"hierarchical w={window}":<26} '
-            f'{trainer.num_params / 1e6:>7.2f}M {sec * 1e3:>9.1f} {batch * seq_len / sec:>9.0f} '
-            f'{share:>14.1%}', flush=True)
+      print(
+          f'{seq_len:>5} {batch:>5} {f"hierarchical w={window}":<26} '
+          f'{trainer.num_params / 1e6:>7.2f}M {sec * 1e3:>9.1f} {batch * seq_len / sec:>9.0f} '
+          f'{share:>14.1%}',
+          flush=True,
+      )
     # The flat model with the layer count whose size is closest to the hierarchical model's.
     sizes = {}
     for n in range(1, 9):
       c = _variant(config, seq_len, batch, kind='flat', num_layers=n, byte_window=0)
-      shapes = jax.eval_shape(models.build_model(c).init, jax.random.PRNGKey(0),
-                              jnp.zeros((1, 8), jnp.int32))
+      shapes = jax.eval_shape(
+          models.build_model(c).init, jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)
+      )
       sizes[n] = sum(x.size for x in jax.tree.leaves(nn.unbox(shapes)))
     n = min(sizes, key=lambda k: abs(sizes[k] - hier_params))
     c = _variant(config, seq_len, batch, kind='flat', num_layers=n, byte_window=0)
     c.estimator.kind = 'none'
     sec, trainer, _, _ = _time_train_step(c, steps)
-    print(f'{seq_len:>5} {batch:>5} {f"flat ({n} layers)":<26} {trainer.num_params / 1e6:>7.2f}M '
-          f'{sec * 1e3:>9.1f} {batch * seq_len / sec:>9.0f} {"-":>15}', flush=True)
+    print(
+        f'{seq_len:>5} {batch:>5} {f"flat ({n} layers)":<26} {trainer.num_params / 1e6:>7.2f}M '
+        f'{sec * 1e3:>9.1f} {batch * seq_len / sec:>9.0f} {"-":>15}',
+        flush=True,
+    )
 
 
 if __name__ == '__main__':

@@ -13,8 +13,10 @@ def compressed_bpb(data: bytes) -> dict[str, float]:
   """Bits per byte of `data` under gzip (level 9) and xz (preset 9)."""
   if not data:
     raise ValueError("bits per byte of empty data is undefined")
-  sizes = {"gzip": len(gzip.compress(data, compresslevel=9, mtime=0)),
-           "xz": len(lzma.compress(data, preset=9))}
+  sizes = {
+      "gzip": len(gzip.compress(data, compresslevel=9, mtime=0)),
+      "xz": len(lzma.compress(data, preset=9)),
+  }
   return {name: 8.0 * size / len(data) for name, size in sizes.items()}
 
 

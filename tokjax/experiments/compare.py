@@ -23,21 +23,14 @@ import shutil
 import sys
 import time
 
-from absl import flags
-from absl import logging
+from absl import flags, logging
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import checkpointing
-from tokjax import cli
-from tokjax import config_defaults
-from tokjax import models
-from tokjax import segmentation
-from tokjax import sharding
+from tokjax import checkpointing, cli, config_defaults, models, segmentation, sharding, train_state
 from tokjax import train as train_lib
-from tokjax import train_state
-from tokjax.data import PAD_ID, pipeline
+from tokjax.data import pipeline
 from tokjax.errors import UserError
 from tokjax.metric_writers import read_metrics
 from tokjax.models import rivals
@@ -45,15 +38,25 @@ from tokjax.models import rivals
 METHODS = ('policy',) + rivals.METHODS + ('flat',)
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
-  _CORPUS = flags.DEFINE_string('corpus', 'shakespeare', 'Corpus spec (see tokjax/data/corpora.py).')
-  _BYTES = flags.DEFINE_float('bytes', 2e6, 'Training byte budget per method (steps = bytes / (B * L)).')
+  _CORPUS = flags.DEFINE_string(
+      'corpus', 'shakespeare', 'Corpus spec (see tokjax/data/corpora.py).'
+  )
+  _BYTES = flags.DEFINE_float(
+      'bytes', 2e6, 'Training byte budget per method (steps = bytes / (B * L)).'
+  )
   _OUT = flags.DEFINE_string('out', 'results/compare/run', 'Results folder.')
-  _METHODS = flags.DEFINE_list('methods', ','.join(METHODS), 'Methods to train, from ' + ','.join(METHODS))
+  _METHODS = flags.DEFINE_list(
+      'methods', ','.join(METHODS), 'Methods to train, from ' + ','.join(METHODS)
+  )
   _TINY = flags.DEFINE_bool('tiny', False, 'Tiny model and eval (smoke tests).')
-  _EVAL_DOCS = flags.DEFINE_integer('eval_docs', 0, 'Evaluate at most this many val and test documents '
-                                    '(0 = all).')
-  _EVAL_DOC_BYTES = flags.DEFINE_integer('eval_doc_bytes', 0, 'Evaluate at most this many bytes of each '
-                                         'document (its start; 0 = whole documents).')
+  _EVAL_DOCS = flags.DEFINE_integer(
+      'eval_docs', 0, 'Evaluate at most this many val and test documents ' '(0 = all).'
+  )
+  _EVAL_DOC_BYTES = flags.DEFINE_integer(
+      'eval_doc_bytes',
+      0,
+      'Evaluate at most this many bytes of each ' 'document (its start; 0 = whole documents).',
+  )
   _EVAL_EVERY = flags.DEFINE_integer('evals', 4, 'Val evaluations during training (curve points).')
   _SEED = flags.DEFINE_integer('seed', 0, 'Seed of every run.')
 
@@ -79,16 +82,20 @@ def method_config(method: str, corpus: str, tiny: bool, seed: int = 0):
 
 def param_count(config) -> int:
   model = models.build_model(config)
-  shapes = jax.eval_shape(lambda k: model.init(k, *models.init_args(config, 1, config.data.seq_len)),
-                          jax.random.PRNGKey(0))
+  shapes = jax.eval_shape(
+      lambda k: model.init(k, *models.init_args(config, 1, config.data.seq_len)),
+      jax.random.PRNGKey(0),
+  )
   return sum(x.size for x in jax.tree.leaves(shapes['params']))
 
 
 def match_flat_layers(flat_config, target: int) -> int:
   """The flat layer count (1..16) whose parameter count is closest to `target`."""
+
   def count(n):
     flat_config.model.num_layers = n
     return param_count(flat_config)
+
   return min(range(1, 17), key=lambda n: abs(count(n) - target))
 
 
@@ -99,7 +106,11 @@ def ratio_and_se(ce, nbytes):
   ce, nbytes = ce[keep], nbytes[keep]
   r = ce.sum() / nbytes.sum()
   d = len(ce)
-  se = (math.sqrt(d / max(d - 1, 1) * np.sum((ce - r * nbytes) ** 2)) / nbytes.sum()) if d > 1 else float('nan')
+  se = (
+      (math.sqrt(d / max(d - 1, 1) * np.sum((ce - r * nbytes) ** 2)) / nbytes.sum())
+      if d > 1
+      else float('nan')
+  )
   return r / math.log(2), se / math.log(2)
 
 
@@ -123,8 +134,9 @@ def evaluate_documents(config, model, params, docs, key) -> dict:
     idx = np.arange(first, first + b)
     batch = pipeline.get_examples(stream, idx, seq_len=l)
     batch['mask'] *= (idx < n_ex)[:, None]
-    metrics, ce = jax.device_get(fn(params, {k: jnp.asarray(v) for k, v in batch.items()},
-                                    jax.random.fold_in(key, i)))
+    metrics, ce = jax.device_get(
+        fn(params, {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.fold_in(key, i))
+    )
     target_pos = idx[:, None] * l + np.arange(l)[None, :] + 1
     doc = np.searchsorted(starts, np.minimum(target_pos, len(stream) - 1), side='right') - 1
     m = batch['mask'] > 0
@@ -147,7 +159,7 @@ def paragraph(docs, length: int) -> bytes:
   """A held-out passage: `length` bytes of the first test document, starting at a line start."""
   doc = docs[0]
   start = doc.find(b'\n', min(len(doc) // 3, 2000)) + 1
-  return doc[start:start + length] if len(doc) - start >= length // 2 else doc[:length]
+  return doc[start : start + length] if len(doc) - start >= length // 2 else doc[:length]
 
 
 def run_method(method, config, out_dir):
@@ -170,8 +182,14 @@ def run_method(method, config, out_dir):
   speeds = [r['bytes_per_s'] for r in rows if r['split'] == 'train' and 'bytes_per_s' in r]
   # The first logged interval includes compilation: leave it out when there is more than one.
   speed = float(np.median(speeds[1:] if len(speeds) > 1 else speeds))
-  return {'method': method, 'train_bytes_per_s': speed, 'wall_s': wall, 'final_val_sample_bpb':
-          val.get('bpb'), 'greedy_val_bpb': val.get('greedy_bpb'), 'log': log}
+  return {
+      'method': method,
+      'train_bytes_per_s': speed,
+      'wall_s': wall,
+      'final_val_sample_bpb': val.get('bpb'),
+      'greedy_val_bpb': val.get('greedy_bpb'),
+      'log': log,
+  }
 
 
 def evaluate_method(method, config, result, data_splits, key, eval_cap, passage):
@@ -182,14 +200,23 @@ def evaluate_method(method, config, result, data_splits, key, eval_cap, passage)
   state, _ = checkpointing.restore(mgr, trainer.abstract_state)
   with sharding.use(mesh, config.mesh):
     for split in ('val', 'test'):
-      r = evaluate_documents(config, trainer.model, state.params, capped(data_splits[split], *eval_cap),
-                             jax.random.fold_in(key, hash(split) % 1000))
+      r = evaluate_documents(
+          config,
+          trainer.model,
+          state.params,
+          capped(data_splits[split], *eval_cap),
+          jax.random.fold_in(key, hash(split) % 1000),
+      )
       result[split] = r
     if config.model.kind == 'hierarchical':
-      shown, actions, probs = segmentation.boundaries_for(trainer.model, state.params, passage,
-                                                          config.data.seq_len, key, 'greedy')
-      result['passage'] = {'actions': [float(a) for a in actions], 'probs': [float(p) for p in probs],
-                           'rendered': segmentation.render(shown, actions)}
+      shown, actions, probs = segmentation.boundaries_for(
+          trainer.model, state.params, passage, config.data.seq_len, key, 'greedy'
+      )
+      result['passage'] = {
+          'actions': [float(a) for a in actions],
+          'probs': [float(p) for p in probs],
+          'rendered': segmentation.render(shown, actions),
+      }
   result['params'] = int(trainer.num_params)
   return result
 
@@ -200,39 +227,61 @@ def fmt(x, digits=4):
 
 def write_outputs(out_dir, results, meta, passage):
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   with open(os.path.join(out_dir, 'results.json'), 'w') as f:
     json.dump({'meta': meta, 'methods': results}, f, indent=1)
-  lines = [f'# Boundary methods compared on `{meta["corpus"]}`', '', 'Command:', '',
-           f'    {meta["command"]}', '',
-           f'{meta["steps"]} steps of {meta["batch"]} x {meta["seq_len"]} bytes = {meta["train_bytes"]:.3g} '
-           f'training bytes per method, target rate {meta["target_rate"]}. Bits-per-byte are per-document '
-           f'(± standard error over documents, boundaries sampled as in training) on the val/test '
-           f'documents (first {meta["eval_docs"] or "all"} documents, first {meta["eval_doc_bytes"] or "all"} '
-           'bytes of each). Rate, bytes/chunk and whitespace fraction (fraction of '
-           'whitespace bytes that end a chunk) are on test, sampled. Train B/s: median over log '
-           'intervals (on the machine and cores the command ran on).', '',
-           '| method | params | val bpb | test bpb | rate | bytes/chunk | ws fraction | train B/s | wall s |',
-           '|---|---|---|---|---|---|---|---|---|']
+  lines = [
+      f'# Boundary methods compared on `{meta["corpus"]}`',
+      '',
+      'Command:',
+      '',
+      f'    {meta["command"]}',
+      '',
+      f'{meta["steps"]} steps of {meta["batch"]} x {meta["seq_len"]} bytes = {meta["train_bytes"]:.3g} '
+      f'training bytes per method, target rate {meta["target_rate"]}. Bits-per-byte are per-document '
+      f'(± standard error over documents, boundaries sampled as in training) on the val/test '
+      f'documents (first {meta["eval_docs"] or "all"} documents, first {meta["eval_doc_bytes"] or "all"} '
+      'bytes of each). Rate, bytes/chunk and whitespace fraction (fraction of '
+      'whitespace bytes that end a chunk) are on test, sampled. Train B/s: median over log '
+      'intervals (on the machine and cores the command ran on).',
+      '',
+      '| method | params | val bpb | test bpb | rate | bytes/chunk | ws fraction | train B/s | wall s |',
+      '|---|---|---|---|---|---|---|---|---|',
+  ]
   for r in results:
     t, v = r['test'], r['val']
-    lines.append(f'| {r["method"]} | {r["params"]:,} | {fmt(v["bpb"])} ± {fmt(v["bpb_se"])} | '
-                 f'{fmt(t["bpb"])} ± {fmt(t["bpb_se"])} | {fmt(t.get("rate"), 3)} | '
-                 f'{fmt(t.get("bytes_per_chunk"), 2)} | {fmt(t.get("whitespace_recall"), 3)} | '
-                 f'{r["train_bytes_per_s"]:,.0f} | {r["wall_s"]:.0f} |')
-  lines += ['', f'Val/test documents: {results[0]["val"]["documents"]} / {results[0]["test"]["documents"]}.'
-            ' Standard errors are per method; differences between methods on the same documents are '
-            'paired, so compare them with care (see results.json for the per-method numbers).', '']
+    lines.append(
+        f'| {r["method"]} | {r["params"]:,} | {fmt(v["bpb"])} ± {fmt(v["bpb_se"])} | '
+        f'{fmt(t["bpb"])} ± {fmt(t["bpb_se"])} | {fmt(t.get("rate"), 3)} | '
+        f'{fmt(t.get("bytes_per_chunk"), 2)} | {fmt(t.get("whitespace_recall"), 3)} | '
+        f'{r["train_bytes_per_s"]:,.0f} | {r["wall_s"]:.0f} |'
+    )
+  lines += [
+      '',
+      f'Val/test documents: {results[0]["val"]["documents"]} / {results[0]["test"]["documents"]}.'
+      ' Standard errors are per method; differences between methods on the same documents are '
+      'paired, so compare them with care (see results.json for the per-method numbers).',
+      '',
+  ]
   with open(os.path.join(out_dir, 'results.md'), 'w') as f:
     f.write('\n'.join(lines))
 
   fig, ax = plt.subplots(figsize=(7, 4.2))
   for r in results:
-    rows = [x for x in read_metrics(os.path.join(out_dir, r['method'], 'metrics.jsonl'))
-            if x['split'] == 'val']
-    ax.plot([x['step'] * meta['batch'] * meta['seq_len'] for x in rows], [x['bpb'] for x in rows],
-            marker='.', label=r['method'])
+    rows = [
+        x
+        for x in read_metrics(os.path.join(out_dir, r['method'], 'metrics.jsonl'))
+        if x['split'] == 'val'
+    ]
+    ax.plot(
+        [x['step'] * meta['batch'] * meta['seq_len'] for x in rows],
+        [x['bpb'] for x in rows],
+        marker='.',
+        label=r['method'],
+    )
   ax.set_xlabel('training bytes')
   ax.set_ylabel('val bits-per-byte (sampled boundaries)')
   ax.set_title(meta['corpus'])
@@ -243,8 +292,12 @@ def write_outputs(out_dir, results, meta, passage):
   plt.close(fig)
 
   hier = [r for r in results if 'passage' in r]
-  seg = [f'# One held-out paragraph segmented by every method (`{meta["corpus"]}`)', '',
-         'Greedy boundaries; `|` follows the last byte of each chunk.', '']
+  seg = [
+      f'# One held-out paragraph segmented by every method (`{meta["corpus"]}`)',
+      '',
+      'Greedy boundaries; `|` follows the last byte of each chunk.',
+      '',
+  ]
   for r in hier:
     seg += [f'## {r["method"]}', '', '```', r['passage']['rendered'], '```', '']
   with open(os.path.join(out_dir, 'segmentations.md'), 'w') as f:
@@ -267,8 +320,9 @@ def write_outputs(out_dir, results, meta, passage):
     plt.close(fig)
 
 
-def compare(corpus, total_bytes, out_dir, methods, tiny=False, eval_cap=(0, 0), evals=4,
-            command='', seed=0):
+def compare(
+    corpus, total_bytes, out_dir, methods, tiny=False, eval_cap=(0, 0), evals=4, command='', seed=0
+):
   """Runs the comparison; returns the list of per-method result dicts (also written to out_dir)."""
   bad = [m for m in methods if m not in METHODS]
   if bad or not methods:
@@ -287,10 +341,15 @@ def compare(corpus, total_bytes, out_dir, methods, tiny=False, eval_cap=(0, 0), 
     c.train.checkpoint_every = steps
     config_defaults.validate(c)
   data_cfg = base.data
-  docs = pipeline.corpora.load_documents(corpus, data_dir=data_cfg.data_dir or None,
-                                         max_bytes=data_cfg.max_bytes or None)
-  splits = pipeline.split_documents(docs, val_fraction=data_cfg.val_fraction,
-                                    test_fraction=data_cfg.test_fraction, seed=data_cfg.split_seed)
+  docs = pipeline.corpora.load_documents(
+      corpus, data_dir=data_cfg.data_dir or None, max_bytes=data_cfg.max_bytes or None
+  )
+  splits = pipeline.split_documents(
+      docs,
+      val_fraction=data_cfg.val_fraction,
+      test_fraction=data_cfg.test_fraction,
+      seed=data_cfg.split_seed,
+  )
   passage = paragraph(splits['test'], base.data.seq_len - 1)
   key = jax.random.PRNGKey(1234)
   results = []
@@ -301,15 +360,28 @@ def compare(corpus, total_bytes, out_dir, methods, tiny=False, eval_cap=(0, 0), 
       r = evaluate_method(m, configs[m], r, splits, key, eval_cap, passage)
       with open(os.path.join(out_dir, m, 'result.json'), 'w') as f:
         json.dump(r, f)
-    print(f'[compare] {m}: params {r["params"]:,} | test bpb {r["test"]["bpb"]:.4f} ± '
-          f'{r["test"]["bpb_se"]:.4f} | rate {r["test"].get("rate", 1.0):.3f} | '
-          f'{r["train_bytes_per_s"]:,.0f} B/s | wall {r["wall_s"]:.0f}s', flush=True)
+    print(
+        f'[compare] {m}: params {r["params"]:,} | test bpb {r["test"]["bpb"]:.4f} ± '
+        f'{r["test"]["bpb_se"]:.4f} | rate {r["test"].get("rate", 1.0):.3f} | '
+        f'{r["train_bytes_per_s"]:,.0f} B/s | wall {r["wall_s"]:.0f}s',
+        flush=True,
+    )
     results.append(r)
-  meta = {'corpus': corpus, 'command': command, 'steps': steps, 'batch': base.data.batch_size,
-          'seq_len': base.data.seq_len, 'train_bytes': steps * base.data.batch_size * base.data.seq_len,
-          'target_rate': float(base.boundary.target_rate), 'hierarchical_params': hier_params,
-          'flat_layers': configs['flat'].model.num_layers if 'flat' in configs else None,
-          'tiny': tiny, 'eval_docs': eval_cap[0], 'eval_doc_bytes': eval_cap[1], 'jax_devices': [str(d) for d in jax.devices()]}
+  meta = {
+      'corpus': corpus,
+      'command': command,
+      'steps': steps,
+      'batch': base.data.batch_size,
+      'seq_len': base.data.seq_len,
+      'train_bytes': steps * base.data.batch_size * base.data.seq_len,
+      'target_rate': float(base.boundary.target_rate),
+      'hierarchical_params': hier_params,
+      'flat_layers': configs['flat'].model.num_layers if 'flat' in configs else None,
+      'tiny': tiny,
+      'eval_docs': eval_cap[0],
+      'eval_doc_bytes': eval_cap[1],
+      'jax_devices': [str(d) for d in jax.devices()],
+  }
   write_outputs(out_dir, results, meta, passage)
   return results
 
@@ -320,8 +392,17 @@ def main(argv):
   if _BYTES.value <= 0:
     raise UserError(f'--bytes={_BYTES.value} must be positive (e.g. --bytes 2e6).')
   command = 'python -m tokjax.experiments.compare ' + ' '.join(sys.argv[1:])
-  compare(_CORPUS.value, _BYTES.value, _OUT.value, _METHODS.value, _TINY.value,
-          (_EVAL_DOCS.value, _EVAL_DOC_BYTES.value), _EVAL_EVERY.value, command, _SEED.value)
+  compare(
+      _CORPUS.value,
+      _BYTES.value,
+      _OUT.value,
+      _METHODS.value,
+      _TINY.value,
+      (_EVAL_DOCS.value, _EVAL_DOC_BYTES.value),
+      _EVAL_EVERY.value,
+      command,
+      _SEED.value,
+  )
   print(f'wrote {_OUT.value}/results.md, results.json, curves.png, segmentations.md, heatmap.png')
 
 

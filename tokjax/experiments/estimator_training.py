@@ -28,12 +28,10 @@ import json
 import os
 import sys
 
-from absl import flags
-from absl import logging
+from absl import flags, logging
 import numpy as np
 
-from tokjax import cli
-from tokjax import config_defaults
+from tokjax import cli, config_defaults
 from tokjax.errors import UserError
 from tokjax.experiments import compare
 from tokjax.metric_writers import read_metrics
@@ -41,25 +39,44 @@ from tokjax.metric_writers import read_metrics
 # name -> (estimator overrides, sequences per step B, one-line description)
 VARIANTS = {
     'full': ({'baseline': 'batch'}, 16, 'batch-relative advantage (the paper), 16 x 1'),
-    'gae': ({'baseline': 'value', 'gae_lambda': 0.95}, 16, 'value baseline + GAE(0.99, 0.95), 16 x 1'),
+    'gae': (
+        {'baseline': 'value', 'gae_lambda': 0.95},
+        16,
+        'value baseline + GAE(0.99, 0.95), 16 x 1',
+    ),
     'rloo4x4': ({'baseline': 'rloo', 'rloo_k': 4}, 4, 'RLOO, 4 sequences x K = 4 draws'),
     'rloo2x8': ({'baseline': 'rloo', 'rloo_k': 2}, 8, 'RLOO, 8 sequences x K = 2 draws'),
-    'rloo4x16': ({'baseline': 'rloo', 'rloo_k': 4}, 16, 'RLOO, 16 sequences x K = 4 draws (4x compute)'),
+    'rloo4x16': (
+        {'baseline': 'rloo', 'rloo_k': 4},
+        16,
+        'RLOO, 16 sequences x K = 4 draws (4x compute)',
+    ),
 }
-WS_THRESHOLD = 0.9  # "Learned": the sampled policy ends a chunk at this fraction of whitespace bytes.
+WS_THRESHOLD = (
+    0.9  # "Learned": the sampled policy ends a chunk at this fraction of whitespace bytes.
+)
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
-  _CORPUS = flags.DEFINE_string('corpus', 'shakespeare', 'Corpus spec (see tokjax/data/corpora.py).')
+  _CORPUS = flags.DEFINE_string(
+      'corpus', 'shakespeare', 'Corpus spec (see tokjax/data/corpora.py).'
+  )
   _STEPS = flags.DEFINE_integer('steps', 600, 'Training steps per run.')
   _EVAL_EVERY = flags.DEFINE_integer('eval_every', 50, 'Validation interval (steps).')
   _SEEDS = flags.DEFINE_list('seeds', '0,1,2', 'Seeds (each variant trains once per seed).')
-  _VARIANTS = flags.DEFINE_list('variants', 'full,gae,rloo4x4,rloo2x8', 'Variants, from ' + ','.join(VARIANTS)
-                                + '; NAME:S1+S2 trains NAME with its own seeds S1, S2 instead of --seeds.')
+  _VARIANTS = flags.DEFINE_list(
+      'variants',
+      'full,gae,rloo4x4,rloo2x8',
+      'Variants, from '
+      + ','.join(VARIANTS)
+      + '; NAME:S1+S2 trains NAME with its own seeds S1, S2 instead of --seeds.',
+  )
   _OUT = flags.DEFINE_string('out', 'results/estimators/training', 'Results folder.')
   _TINY = flags.DEFINE_bool('tiny', False, 'Tiny model and eval (smoke tests).')
 
 
-def variant_config(variant: str, corpus: str, seed: int, steps: int, eval_every: int, tiny: bool = False):
+def variant_config(
+    variant: str, corpus: str, seed: int, steps: int, eval_every: int, tiny: bool = False
+):
   """configs/default.py with the variant's estimator and batch; validated."""
   if variant not in VARIANTS:
     raise UserError(f'unknown variant {variant!r}; --variants takes some of {",".join(VARIANTS)}.')
@@ -89,17 +106,30 @@ def summarize_run(workdir: str, config, result: dict) -> dict:
   val = [r for r in read_metrics(os.path.join(workdir, 'metrics.jsonl')) if r['split'] == 'val']
   steps = [r['step'] for r in val]
   ws = [r['whitespace_recall'] for r in val]
-  late = [r for r in val if r['step'] > steps[-1] * 2 // 3]  # The last third: averages out the jumps.
+  late = [
+      r for r in val if r['step'] > steps[-1] * 2 // 3
+  ]  # The last third: averages out the jumps.
   step_s = config.data.batch_size * config.data.seq_len / result['train_bytes_per_s']
   return {
-      'curve': {k: [r[k] for r in val] for k in ('bpb', 'whitespace_recall', 'whitespace_precision',
-                                                  'greedy_whitespace_recall', 'rate')} | {'step': steps},
+      'curve': {
+          k: [r[k] for r in val]
+          for k in (
+              'bpb',
+              'whitespace_recall',
+              'whitespace_precision',
+              'greedy_whitespace_recall',
+              'rate',
+          )
+      }
+      | {'step': steps},
       'steps_to_ws': first_step_at(steps, ws, WS_THRESHOLD),
       'late_ws': float(np.mean([r['whitespace_recall'] for r in late])),
       'late_ws_precision': float(np.mean([r['whitespace_precision'] for r in late])),
       'late_greedy_ws': float(np.mean([r['greedy_whitespace_recall'] for r in late])),
-      'final_bpb': val[-1]['bpb'], 'final_rate': val[-1]['rate'],
-      'step_s': step_s, 'wall_s': result['wall_s'],
+      'final_bpb': val[-1]['bpb'],
+      'final_rate': val[-1]['rate'],
+      'step_s': step_s,
+      'wall_s': result['wall_s'],
       'draws_per_step': draws_per_step(config),
       'train_bytes': config.train.steps * config.data.batch_size * config.data.seq_len,
   }
@@ -109,7 +139,9 @@ def _mean_sd(xs, digits=3):
   xs = [x for x in xs if x is not None]
   if not xs:
     return '-'
-  return f'{np.mean(xs):.{digits}f}' + (f' ± {np.std(xs, ddof=1):.{digits}f}' if len(xs) > 1 else '')
+  return f'{np.mean(xs):.{digits}f}' + (
+      f' ± {np.std(xs, ddof=1):.{digits}f}' if len(xs) > 1 else ''
+  )
 
 
 def _at(run, step, key='whitespace_recall'):
@@ -121,36 +153,53 @@ def write_outputs(out_dir, runs, meta):
   """runs: {variant: [per-seed summaries]}, meta['seeds']: {variant: seeds} -> results.md, results.json,
   curves.png in out_dir."""
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   with open(os.path.join(out_dir, 'results.json'), 'w') as f:
     json.dump({'meta': meta, 'runs': runs}, f, indent=1)
   steps = meta['steps']
   every = meta['eval_every']
   marks = sorted({every * max(1, round(steps * f / every)) for f in (1 / 6, 1 / 3, 1 / 2)})
-  lines = [f'# Score-function baselines at equal compute on `{meta["corpus"]}`', '', 'Command:', '',
-           f'    {meta["command"]}', '',
-           f'{steps} steps per run; mean ± sample standard deviation over seeds (listed below). '
-           '"ws" is the fraction of whitespace bytes that end a chunk on validation (sampled boundaries '
-           f'unless marked greedy); "late" averages the evaluations of the last third of training; '
-           f'"steps to ws {WS_THRESHOLD}" is the first evaluation (every {meta["eval_every"]} steps) with '
-           f'sampled ws >= {WS_THRESHOLD} ("-" if a seed never got there: averaged over the seeds that did, '
-           'with the count). s/step: median over log intervals, on the cores the command ran on.', '',
-           '| variant | draws/step | train bytes | ' + ' | '.join(f'ws @{s}' for s in marks) +
-           f' | steps to ws {WS_THRESHOLD} | late ws | late ws precision | late greedy ws | final val bpb '
-           '| final rate | s/step |',
-           '|---|---|---|' + '---|' * len(marks) + '---|---|---|---|---|---|---|']
+  lines = [
+      f'# Score-function baselines at equal compute on `{meta["corpus"]}`',
+      '',
+      'Command:',
+      '',
+      f'    {meta["command"]}',
+      '',
+      f'{steps} steps per run; mean ± sample standard deviation over seeds (listed below). '
+      '"ws" is the fraction of whitespace bytes that end a chunk on validation (sampled boundaries '
+      f'unless marked greedy); "late" averages the evaluations of the last third of training; '
+      f'"steps to ws {WS_THRESHOLD}" is the first evaluation (every {meta["eval_every"]} steps) with '
+      f'sampled ws >= {WS_THRESHOLD} ("-" if a seed never got there: averaged over the seeds that did, '
+      'with the count). s/step: median over log intervals, on the cores the command ran on.',
+      '',
+      '| variant | draws/step | train bytes | '
+      + ' | '.join(f'ws @{s}' for s in marks)
+      + f' | steps to ws {WS_THRESHOLD} | late ws | late ws precision | late greedy ws | final val bpb '
+      '| final rate | s/step |',
+      '|---|---|---|' + '---|' * len(marks) + '---|---|---|---|---|---|---|',
+  ]
   for name, rs in runs.items():
     reached = [r['steps_to_ws'] for r in rs if r['steps_to_ws'] is not None]
-    reach = _mean_sd(reached, 0) + (f' ({len(reached)}/{len(rs)})' if len(reached) < len(rs) else '')
-    lines.append(f'| {name} | {rs[0]["draws_per_step"]} | {rs[0]["train_bytes"]:.3g} | ' +
-                 ' | '.join(_mean_sd([_at(r, s) for r in rs], 2) for s in marks) +
-                 f' | {reach} | {_mean_sd([r["late_ws"] for r in rs])} | '
-                 f'{_mean_sd([r["late_ws_precision"] for r in rs])} | '
-                 f'{_mean_sd([r["late_greedy_ws"] for r in rs])} | {_mean_sd([r["final_bpb"] for r in rs])} | '
-                 f'{_mean_sd([r["final_rate"] for r in rs])} | {_mean_sd([r["step_s"] for r in rs], 3)} |')
-  lines += ['', 'Variants:', ''] + [f'- `{n}`: {VARIANTS[n][2]}; seeds {meta["seeds"][n]}'
-                                    for n in runs] + ['']
+    reach = _mean_sd(reached, 0) + (
+        f' ({len(reached)}/{len(rs)})' if len(reached) < len(rs) else ''
+    )
+    lines.append(
+        f'| {name} | {rs[0]["draws_per_step"]} | {rs[0]["train_bytes"]:.3g} | '
+        + ' | '.join(_mean_sd([_at(r, s) for r in rs], 2) for s in marks)
+        + f' | {reach} | {_mean_sd([r["late_ws"] for r in rs])} | '
+        f'{_mean_sd([r["late_ws_precision"] for r in rs])} | '
+        f'{_mean_sd([r["late_greedy_ws"] for r in rs])} | {_mean_sd([r["final_bpb"] for r in rs])} | '
+        f'{_mean_sd([r["final_rate"] for r in rs])} | {_mean_sd([r["step_s"] for r in rs], 3)} |'
+    )
+  lines += (
+      ['', 'Variants:', '']
+      + [f'- `{n}`: {VARIANTS[n][2]}; seeds {meta["seeds"][n]}' for n in runs]
+      + ['']
+  )
   with open(os.path.join(out_dir, 'results.md'), 'w') as f:
     f.write('\n'.join(lines))
 
@@ -161,8 +210,13 @@ def write_outputs(out_dir, runs, meta):
       c = r['curve']
       label = name if j == 0 else None
       axes[0].plot(c['step'], c['whitespace_recall'], color=color, alpha=0.8, label=label)
-      axes[1].plot([s * r['step_s'] for s in c['step']], c['whitespace_recall'], color=color, alpha=0.8,
-                   label=label)
+      axes[1].plot(
+          [s * r['step_s'] for s in c['step']],
+          c['whitespace_recall'],
+          color=color,
+          alpha=0.8,
+          label=label,
+      )
       axes[2].plot(c['step'], c['bpb'], color=color, alpha=0.8, label=label)
   axes[0].set_xlabel('step (16 draws/step except rloo4x16)')
   axes[1].set_xlabel('training seconds (median s/step x step)')
@@ -188,8 +242,10 @@ def parse_variants(specs, seeds):
     try:
       out[name] = [int(s) for s in own.split('+')] if own else list(seeds)
     except ValueError as e:
-      raise UserError(f'--variants entry {spec!r}: seeds after ":" must be integers joined by "+", '
-                      'e.g. rloo4x16:0+1.') from e
+      raise UserError(
+          f'--variants entry {spec!r}: seeds after ":" must be integers joined by "+", '
+          'e.g. rloo4x16:0+1.'
+      ) from e
   return out
 
 
@@ -200,12 +256,18 @@ def run_grid(corpus, steps, eval_every, seeds, variants, out_dir, tiny=False, co
   """
   os.makedirs(out_dir, exist_ok=True)
   grid = parse_variants(variants, seeds)
-  configs = {(v, s): variant_config(v, corpus, s, steps, eval_every, tiny) for v, ss in grid.items()
-             for s in ss}
+  configs = {
+      (v, s): variant_config(v, corpus, s, steps, eval_every, tiny)
+      for v, ss in grid.items()
+      for s in ss
+  }
   runs = {v: [] for v in grid}
   for (v, s), config in configs.items():
     name = f'{v}_s{s}'
-    print(f'[estimator_training] {name}: {steps} steps, {draws_per_step(config)} draws/step', flush=True)
+    print(
+        f'[estimator_training] {name}: {steps} steps, {draws_per_step(config)} draws/step',
+        flush=True,
+    )
     result_path = os.path.join(out_dir, name, 'result.json')
     trained = not os.path.exists(result_path)
     result = compare.run_method(name, config, out_dir)  # Loads result.json when it exists.
@@ -214,10 +276,19 @@ def run_grid(corpus, steps, eval_every, seeds, variants, out_dir, tiny=False, co
         json.dump(result, f)
     runs[v].append(summarize_run(os.path.join(out_dir, name), config, result))
     r = runs[v][-1]
-    print(f'[estimator_training] {name}: steps to ws {WS_THRESHOLD} {r["steps_to_ws"]} | late ws '
-          f'{r["late_ws"]:.3f} | final bpb {r["final_bpb"]:.4f} | {r["step_s"]:.3f} s/step', flush=True)
-  meta = {'corpus': corpus, 'steps': steps, 'eval_every': eval_every, 'seeds': grid,
-          'command': command, 'tiny': tiny}
+    print(
+        f'[estimator_training] {name}: steps to ws {WS_THRESHOLD} {r["steps_to_ws"]} | late ws '
+        f'{r["late_ws"]:.3f} | final bpb {r["final_bpb"]:.4f} | {r["step_s"]:.3f} s/step',
+        flush=True,
+    )
+  meta = {
+      'corpus': corpus,
+      'steps': steps,
+      'eval_every': eval_every,
+      'seeds': grid,
+      'command': command,
+      'tiny': tiny,
+  }
   write_outputs(out_dir, runs, meta)
   return runs
 
@@ -228,10 +299,20 @@ def main(argv):
   try:
     seeds = [int(s) for s in _SEEDS.value]
   except ValueError as e:
-    raise UserError(f'--seeds={",".join(_SEEDS.value)} must be a comma-separated list of integers.') from e
+    raise UserError(
+        f'--seeds={",".join(_SEEDS.value)} must be a comma-separated list of integers.'
+    ) from e
   command = 'python -m tokjax.experiments.estimator_training ' + ' '.join(sys.argv[1:])
-  run_grid(_CORPUS.value, _STEPS.value, _EVAL_EVERY.value, seeds, _VARIANTS.value, _OUT.value, _TINY.value,
-           command)
+  run_grid(
+      _CORPUS.value,
+      _STEPS.value,
+      _EVAL_EVERY.value,
+      seeds,
+      _VARIANTS.value,
+      _OUT.value,
+      _TINY.value,
+      command,
+  )
   print(f'wrote {_OUT.value}/results.md, results.json, curves.png')
 
 

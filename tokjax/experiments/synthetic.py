@@ -38,17 +38,13 @@ import os
 import sys
 import time
 
-from absl import flags
-from absl import logging
+from absl import flags, logging
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import checkpointing
-from tokjax import cli
-from tokjax import sharding
+from tokjax import checkpointing, cli, sharding, train_state
 from tokjax import train as train_lib
-from tokjax import train_state
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 from tokjax.losses import LN2, cross_entropy
@@ -56,18 +52,33 @@ from tokjax.losses import LN2, cross_entropy
 RUNS = ('method', 'control', 'oracle', 'uniform')
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
   _STEPS = flags.DEFINE_integer('steps', 800, 'Training steps of each run.')
-  _OUT = flags.DEFINE_string('out', 'results/synthetic', 'Results folder (results.md, results.json).')
-  _WORKDIR = flags.DEFINE_string('workdir', 'runs/synthetic', 'Folder of the generated corpus and the '
-                                 'training runs (kept out of the results folder).')
-  _EVAL_EVERY = flags.DEFINE_integer('eval_every', 100, 'Checkpoint and evaluate every this many steps.')
+  _OUT = flags.DEFINE_string(
+      'out', 'results/synthetic', 'Results folder (results.md, results.json).'
+  )
+  _WORKDIR = flags.DEFINE_string(
+      'workdir',
+      'runs/synthetic',
+      'Folder of the generated corpus and the ' 'training runs (kept out of the results folder).',
+  )
+  _EVAL_EVERY = flags.DEFINE_integer(
+      'eval_every', 100, 'Checkpoint and evaluate every this many steps.'
+  )
   _TRAIN_DOCS = flags.DEFINE_integer('train_docs', 4000, 'Training corpus documents.')
-  _EVAL_DOCS = flags.DEFINE_integer('eval_docs', 128, 'Held-out documents scored at every checkpoint.')
-  _RUNS = flags.DEFINE_list('runs', ','.join(RUNS), 'Runs to train, some of ' + ','.join(RUNS) + '.')
+  _EVAL_DOCS = flags.DEFINE_integer(
+      'eval_docs', 128, 'Held-out documents scored at every checkpoint.'
+  )
+  _RUNS = flags.DEFINE_list(
+      'runs', ','.join(RUNS), 'Runs to train, some of ' + ','.join(RUNS) + '.'
+  )
   _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the corpus and the runs.')
-  _LEXICON = flags.DEFINE_integer('lexicon_size', 0, 'Words from a fixed lexicon of this size (0 = fresh '
-                                  'random words).')
-  _TERMINATOR = flags.DEFINE_string('terminator', ' ', 'Bytes ending every word (\'\' = undelimited; the '
-                                    'oracle run needs a space).')
+  _LEXICON = flags.DEFINE_integer(
+      'lexicon_size', 0, 'Words from a fixed lexicon of this size (0 = fresh ' 'random words).'
+  )
+  _TERMINATOR = flags.DEFINE_string(
+      'terminator',
+      ' ',
+      "Bytes ending every word ('' = undelimited; the " 'oracle run needs a space).',
+  )
 
 LETTERS = b'abcdefghijklmnopqrstuvwxyz'
 
@@ -81,6 +92,7 @@ class CorpusSpec:
     N > 0 = words are drawn from a fixed random lexicon of N words.
   terminator: bytes closing every word (b'' = undelimited).
   """
+
   lexicon_size: int = 0
   min_len: int = 3
   max_len: int = 7
@@ -94,6 +106,7 @@ class Document:
   """text: the document's bytes; ends: int32[n_words] index of the last byte of each complete word
   (ascending); copied: bool[len(text)] marks bytes of the copy half of a block (predictable from
   the first half)."""
+
   text: bytes
   ends: np.ndarray
   copied: np.ndarray
@@ -112,8 +125,9 @@ def make_lexicon(rng: np.random.Generator, spec: CorpusSpec) -> list[bytes]:
   return sorted(words)
 
 
-def make_document(rng: np.random.Generator, lexicon: list[bytes], n_bytes: int,
-                  spec: CorpusSpec) -> Document:
+def make_document(
+    rng: np.random.Generator, lexicon: list[bytes], n_bytes: int, spec: CorpusSpec
+) -> Document:
   """One document of exactly n_bytes bytes: blocks of k words, each followed by its copy. Words come
   from `lexicon`, or are fresh random words when it is empty."""
   words, copied = [], []
@@ -135,8 +149,9 @@ def make_document(rng: np.random.Generator, lexicon: list[bytes], n_bytes: int,
   return Document(text=text, ends=ends[keep].astype(np.int32), copied=copied_bytes)
 
 
-def make_corpus(seed: int, lexicon_seed: int, num_docs: int, n_bytes: int,
-                spec: CorpusSpec = CorpusSpec()) -> list[Document]:
+def make_corpus(
+    seed: int, lexicon_seed: int, num_docs: int, n_bytes: int, spec: CorpusSpec = CorpusSpec()
+) -> list[Document]:
   """num_docs documents drawn with `seed` (over the lexicon drawn with `lexicon_seed`, if any)."""
   lexicon = make_lexicon(np.random.default_rng(lexicon_seed), spec)
   rng = np.random.default_rng(seed)
@@ -183,21 +198,29 @@ def eval_arrays(docs: list[Document], seq_len: int) -> dict[str, np.ndarray]:
   body = np.stack([np.frombuffer(d.text, np.uint8) for d in docs]).astype(np.int32)
   tokens = np.concatenate([np.full((len(docs), 1), BOS_ID, np.int32), body], axis=1)
   targets = np.concatenate([body, np.full((len(docs), 1), PAD_ID, np.int32)], axis=1)
-  oracle = np.concatenate([np.ones((len(docs), 1), np.float32),
-                           np.stack([planted_mask(d) for d in docs])], axis=1)
+  oracle = np.concatenate(
+      [np.ones((len(docs), 1), np.float32), np.stack([planted_mask(d) for d in docs])], axis=1
+  )
   oracle[:, -1] = 1.0
   copied = np.concatenate([np.stack([d.copied for d in docs]), np.zeros((len(docs), 1), bool)], 1)
-  return {'tokens': tokens, 'targets': targets, 'mask': (targets < 256).astype(np.float32),
-          'oracle': oracle, 'copied': copied}
+  return {
+      'tokens': tokens,
+      'targets': targets,
+      'mask': (targets < 256).astype(np.float32),
+      'oracle': oracle,
+      'copied': copied,
+  }
 
 
 def make_eval_fns(model):
   """Jitted (params, tokens, key) -> (actions, probs) per mode, and (params, tokens, actions) ->
   CE float32[N, L] of the model run with the given boundaries."""
+
   def bounds(mode):
     def fn(params, tokens, key):
       b = model.apply({'params': params}, tokens, key, mode=mode)['boundaries']
       return b.actions, b.probs
+
     return jax.jit(fn)
 
   def ce_given(params, tokens, targets, actions, key):
@@ -205,16 +228,23 @@ def make_eval_fns(model):
     return cross_entropy(out['logits'], targets)
 
   def ce_own(params, tokens, targets, key):
-    return cross_entropy(model.apply({'params': params}, tokens, key, mode='sample')['logits'],
-                         targets)
-  return {'greedy': bounds('greedy'), 'sample': bounds('sample'), 'given': jax.jit(ce_given),
-          'own': jax.jit(ce_own)}
+    return cross_entropy(
+        model.apply({'params': params}, tokens, key, mode='sample')['logits'], targets
+    )
+
+  return {
+      'greedy': bounds('greedy'),
+      'sample': bounds('sample'),
+      'given': jax.jit(ce_given),
+      'own': jax.jit(ce_own),
+  }
 
 
 def evaluate_params(fns, params, arrays, key) -> dict:
   """Boundary F1 (greedy and sampled) against the planted ends, and bits-per-byte with the model's
   sampled boundaries, the oracle boundaries and random ones at the planted rate (all bytes, and the
-  copied bytes only). Boundary positions scored: bytes 0..L-3 (the last byte's boundary is forced)."""
+  copied bytes only). Boundary positions scored: bytes 0..L-3 (the last byte's boundary is forced).
+  """
   tokens, targets, mask = (jnp.asarray(arrays[k]) for k in ('tokens', 'targets', 'mask'))
   oracle = arrays['oracle']
   n = tokens.shape[1] - 2
@@ -222,22 +252,25 @@ def evaluate_params(fns, params, arrays, key) -> dict:
   k_greedy, k_sample, k_random, k_ce = jax.random.split(key, 4)
   for mode, k in (('greedy', k_greedy), ('sample', k_sample)):
     actions, _ = fns[mode](params, tokens, k)
-    scores = boundary_f1(np.asarray(actions)[:, 1:1 + n], oracle[:, 1:1 + n], n)
+    scores = boundary_f1(np.asarray(actions)[:, 1 : 1 + n], oracle[:, 1 : 1 + n], n)
     out.update({f'{mode}_{name}': v for name, v in scores.items()})
-  planted_rate = float(oracle[:, 1:1 + n].mean())
+  planted_rate = float(oracle[:, 1 : 1 + n].mean())
   rand = np.asarray(jax.random.bernoulli(k_random, planted_rate, oracle.shape), np.float32)
   rand[:, 0] = rand[:, -1] = 1.0
   mask_np, copied = arrays['mask'], arrays['copied'] & (arrays['mask'] > 0)
 
   def bpb(ce):
     ce = np.asarray(ce)
-    return (float(np.sum(ce * mask_np) / np.sum(mask_np) / LN2),
-            float(np.sum(ce * copied) / max(np.sum(copied), 1) / LN2))
+    return (
+        float(np.sum(ce * mask_np) / np.sum(mask_np) / LN2),
+        float(np.sum(ce * copied) / max(np.sum(copied), 1) / LN2),
+    )
 
   out['bpb'], out['copy_bpb'] = bpb(fns['own'](params, tokens, targets, k_ce))
   for name, acts in (('oracle', oracle), ('random', rand)):
     out[f'{name}_bpb'], out[f'{name}_copy_bpb'] = bpb(
-        fns['given'](params, tokens, targets, jnp.asarray(acts), k_ce))
+        fns['given'](params, tokens, targets, jnp.asarray(acts), k_ce)
+    )
   out['planted_rate'] = planted_rate
   del mask
   return out
@@ -259,8 +292,13 @@ def run_config(name: str, corpus: str, workdir: str, steps: int, eval_every: int
   c = load_config()
   c.data.corpus = corpus
   c.seed = seed
-  c.train.update(steps=steps, eval_every=eval_every, checkpoint_every=eval_every,
-                 keep_checkpoints=steps // eval_every + 2, workdir=os.path.join(workdir, name))
+  c.train.update(
+      steps=steps,
+      eval_every=eval_every,
+      checkpoint_every=eval_every,
+      keep_checkpoints=steps // eval_every + 2,
+      workdir=os.path.join(workdir, name),
+  )
   if name == 'control':
     c.estimator.lambda_rl = 0.0
   elif name == 'oracle':  # Whitespace rule = exactly the planted ends when words end in a space.
@@ -285,8 +323,9 @@ def evaluate_run(config, arrays, seed: int) -> list[dict]:
     rows.append(dict(step=int(step), **metrics))
   # Step 0 (the initial policy) from a fresh init, as the starting point of the curve.
   state0 = trainer.init(jax.random.split(jax.random.PRNGKey(config.seed), 3)[0])
-  rows.insert(0, dict(step=0, **evaluate_params(fns, state0.params, arrays,
-                                                jax.random.PRNGKey(seed + 1))))
+  rows.insert(
+      0, dict(step=0, **evaluate_params(fns, state0.params, arrays, jax.random.PRNGKey(seed + 1)))
+  )
   return rows
 
 
@@ -304,24 +343,55 @@ def _spec_dict(spec: CorpusSpec) -> dict:
 def write_results(out: str, command: str, spec: CorpusSpec, curves: dict, seconds: dict) -> None:
   """results.json and results.md (a table per run: F1 vs steps)."""
   with open(os.path.join(out, 'results.json'), 'w') as f:
-    json.dump({'command': command, 'corpus': _spec_dict(spec), 'train_seconds': seconds,
-               'curves': curves}, f, indent=1)
-  lines = ['# Synthetic learning check: learned boundaries vs planted word ends', '',
-           f'Command: `{command}`', '',
-           f'Corpus: {_spec_dict(spec)}; see tokjax/experiments/synthetic.py.', '',
-           'F1 = boundary F1 against the planted word ends on held-out documents (greedy: p > 0.5; '
-           'sample: drawn as in training). bpb: with the run\'s own sampled boundaries; oracle / '
-           'random bpb: the same model run with the planted ends / Bernoulli noise at the planted '
-           'rate as given boundaries; copy: on bytes of the copied half only.', '']
-  cols = ['step', 'greedy_f1', 'greedy_precision', 'greedy_recall', 'greedy_rate', 'sample_f1',
-          'sample_rate', 'bpb', 'copy_bpb', 'oracle_bpb', 'random_bpb', 'oracle_copy_bpb',
-          'random_copy_bpb']
+    json.dump(
+        {
+            'command': command,
+            'corpus': _spec_dict(spec),
+            'train_seconds': seconds,
+            'curves': curves,
+        },
+        f,
+        indent=1,
+    )
+  lines = [
+      '# Synthetic learning check: learned boundaries vs planted word ends',
+      '',
+      f'Command: `{command}`',
+      '',
+      f'Corpus: {_spec_dict(spec)}; see tokjax/experiments/synthetic.py.',
+      '',
+      'F1 = boundary F1 against the planted word ends on held-out documents (greedy: p > 0.5; '
+      "sample: drawn as in training). bpb: with the run's own sampled boundaries; oracle / "
+      'random bpb: the same model run with the planted ends / Bernoulli noise at the planted '
+      'rate as given boundaries; copy: on bytes of the copied half only.',
+      '',
+  ]
+  cols = [
+      'step',
+      'greedy_f1',
+      'greedy_precision',
+      'greedy_recall',
+      'greedy_rate',
+      'sample_f1',
+      'sample_rate',
+      'bpb',
+      'copy_bpb',
+      'oracle_bpb',
+      'random_bpb',
+      'oracle_copy_bpb',
+      'random_copy_bpb',
+  ]
   for name, rows in curves.items():
-    lines += [f'## {name} (trained in {seconds.get(name, float("nan")):.0f} s)', '',
-              '| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
+    lines += [
+        f'## {name} (trained in {seconds.get(name, float("nan")):.0f} s)',
+        '',
+        '| ' + ' | '.join(cols) + ' |',
+        '|' + '---|' * len(cols),
+    ]
     for r in rows:
-      lines.append('| ' + ' | '.join(str(r['step']) if c == 'step' else f'{r[c]:.3f}' for c in cols)
-                   + ' |')
+      lines.append(
+          '| ' + ' | '.join(str(r['step']) if c == 'step' else f'{r[c]:.3f}' for c in cols) + ' |'
+      )
     lines.append('')
   with open(os.path.join(out, 'results.md'), 'w') as f:
     f.write('\n'.join(lines))
@@ -360,9 +430,12 @@ def main(argv):
       seconds[name] = time.time() - t0
     curves[name] = evaluate_run(config, arrays, _SEED.value)
     last = curves[name][-1]
-    print(f'{name}: step {last["step"]} greedy F1 {last["greedy_f1"]:.3f} sample F1 '
-          f'{last["sample_f1"]:.3f} | bpb oracle {last["oracle_bpb"]:.3f} random '
-          f'{last["random_bpb"]:.3f}', flush=True)
+    print(
+        f'{name}: step {last["step"]} greedy F1 {last["greedy_f1"]:.3f} sample F1 '
+        f'{last["sample_f1"]:.3f} | bpb oracle {last["oracle_bpb"]:.3f} random '
+        f'{last["random_bpb"]:.3f}',
+        flush=True,
+    )
     write_results(out, command, spec, curves, seconds)
   print(f'wrote {results_path} and results.md')
 

@@ -6,9 +6,7 @@ import jax.numpy as jnp
 
 from tokjax import losses
 from tokjax.data import VOCAB_SIZE
-from tokjax.models import boundaries
-from tokjax.models import flat
-from tokjax.models import hierarchical
+from tokjax.models import boundaries, flat, hierarchical
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
@@ -17,9 +15,11 @@ def build_boundary(config):
   """The boundary method named by config.boundary.method."""
   b, m = config.boundary, config.model
   if b.method == 'policy':
-    return boundaries.BoundaryPolicy(target_rate=b.target_rate, window=b.window, scale=b.scale,
-                                     capacity=m.capacity)
+    return boundaries.BoundaryPolicy(
+        target_rate=b.target_rate, window=b.window, scale=b.scale, capacity=m.capacity
+    )
   from tokjax.models import rivals  # pylint: disable=g-import-not-at-top
+
   return rivals.build(config)
 
 
@@ -28,18 +28,36 @@ def build_model(config):
   m = config.model
   dtype = DTYPES[m.dtype]
   if m.kind == 'flat':
-    return flat.FlatByteLM(VOCAB_SIZE, m.d_model, m.num_layers, m.num_heads, m.mlp_ratio * m.d_model,
-                           m.byte_window, dtype)
+    return flat.FlatByteLM(
+        VOCAB_SIZE,
+        m.d_model,
+        m.num_layers,
+        m.num_heads,
+        m.mlp_ratio * m.d_model,
+        m.byte_window,
+        dtype,
+    )
   return hierarchical.HierarchicalByteLM(
-      VOCAB_SIZE, m.d_model, m.num_heads, m.encoder_layers, m.main_layers, m.decoder_layers,
-      build_boundary(config), byte_window=m.byte_window, byte_mlp_ratio=m.byte_mlp_ratio,
-      main_mlp_ratio=m.main_mlp_ratio, capacity=m.capacity, dtype=dtype,
-      value_head=config.estimator.get('baseline', 'batch') == 'value')
+      VOCAB_SIZE,
+      m.d_model,
+      m.num_heads,
+      m.encoder_layers,
+      m.main_layers,
+      m.decoder_layers,
+      build_boundary(config),
+      byte_window=m.byte_window,
+      byte_mlp_ratio=m.byte_mlp_ratio,
+      main_mlp_ratio=m.main_mlp_ratio,
+      capacity=m.capacity,
+      dtype=dtype,
+      value_head=config.estimator.get('baseline', 'batch') == 'value',
+  )
 
 
 def init_args(config, batch_size: int, seq_len: int):
   """Dummy arguments for model.init: (tokens,) or (tokens, key)."""
   import jax  # pylint: disable=g-import-not-at-top
+
   tokens = jnp.zeros((batch_size, seq_len), jnp.int32)
   return (tokens,) if config.model.kind == 'flat' else (tokens, jax.random.PRNGKey(0))
 

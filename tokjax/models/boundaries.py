@@ -77,6 +77,7 @@ class Boundaries:
   chunk_ema: optional float32[B, L] smoothing probabilities (H-Net): chunk j's output is replaced by
   P_j z_j + (1 - P_j) zbar_{j-1} with P_j = chunk_ema at chunk j's last byte (see chunking.ema_chunks).
   """
+
   actions: jax.Array
   logits: jax.Array
   probs: jax.Array
@@ -98,7 +99,7 @@ def _history_term(v, actions, window: int):
   """sum_{k=1..w-1} v[..., w-1-k] * a_{t-k}, for v: [B, L, w] and actions: [B, L]."""
   total = jnp.zeros(actions.shape, v.dtype)
   for k in range(1, window):
-    shifted = jnp.pad(actions, ((0, 0), (k, 0)))[:, :actions.shape[1]]
+    shifted = jnp.pad(actions, ((0, 0), (k, 0)))[:, : actions.shape[1]]
     total = total + v[..., window - 1 - k] * shifted
   return total
 
@@ -115,7 +116,7 @@ def sample_sequential(v, bias, uniforms, scale: float, capacity: int):
   def step(carry, inputs):
     history, count = carry  # history: executed a_{t-1}, ..., a_{t-w+1}: [B, w-1]; count: [B].
     v_t, u_t, t = inputs
-    z = scale * (v_t[:, w - 1] + jnp.sum(v_t[:, w - 2::-1][:, :w - 1] * history, axis=-1)) + bias
+    z = scale * (v_t[:, w - 1] + jnp.sum(v_t[:, w - 2 :: -1][:, : w - 1] * history, axis=-1)) + bias
     p = jax.nn.sigmoid(6.0 * jnp.tanh(z / 6.0))
     sample = (u_t < p).astype(jnp.float32)
     forced = (t == 0) | (t == l - 1)
@@ -131,14 +132,23 @@ def sample_sequential(v, bias, uniforms, scale: float, capacity: int):
 
 class BoundaryPolicy(nn.Module):
   """The score-function method's policy: encoder states h: [B, L, D] -> `Boundaries`."""
+
   target_rate: float = 0.2
   window: int = 1
   scale: float = 1.0 / 16.0
   capacity: int = 64
 
   @nn.compact
-  def __call__(self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None,
-               behavior=None):
+  def __call__(
+      self,
+      h,
+      key,
+      mode: str = 'sample',
+      actions=None,
+      tokens=None,
+      early_logits=None,
+      behavior=None,
+  ):
     """mode: 'sample' (draw with `key`), 'greedy' (p > 0.5) or 'given' (evaluate `actions`).
 
     behavior: optional traced bool; when true (off-policy warm start) the decisions are drawn from
@@ -148,11 +158,19 @@ class BoundaryPolicy(nn.Module):
     The policy reads a stop-gradient-free h: its gradient reaches the encoder only through the policy
     and rate losses, because the LM losses see `actions` (non-differentiable samples), not the logits.
     """
-    v = nn.Dense(self.window, name='proj', dtype=jnp.float32,
-                 kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ('embed', None)),
-                 use_bias=False)(h.astype(jnp.float32))  # [B, L, w]
+    v = nn.Dense(
+        self.window,
+        name='proj',
+        dtype=jnp.float32,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ('embed', None)),
+        use_bias=False,
+    )(
+        h.astype(jnp.float32)
+    )  # [B, L, w]
     rate = self.target_rate
-    bias = self.param('bias', nn.initializers.constant(jnp.log(rate / (1.0 - rate))), (), jnp.float32)
+    bias = self.param(
+        'bias', nn.initializers.constant(jnp.log(rate / (1.0 - rate))), (), jnp.float32
+    )
 
     def logits_given(executed):
       if self.window == 1:
@@ -170,9 +188,10 @@ class BoundaryPolicy(nn.Module):
         sampled = jax.random.bernoulli(key, jax.nn.sigmoid(logits0)).astype(jnp.float32)
     else:
       # Greedy is sampling with u = 0.5: a boundary wherever p > 0.5 given the executed history.
-      u = (jnp.full(h.shape[:2], 0.5) if mode == 'greedy' else jax.random.uniform(key, h.shape[:2]))
-      sampled = sample_sequential(jax.lax.stop_gradient(v), jax.lax.stop_gradient(bias), u,
-                                  self.scale, self.capacity)
+      u = jnp.full(h.shape[:2], 0.5) if mode == 'greedy' else jax.random.uniform(key, h.shape[:2])
+      sampled = sample_sequential(
+          jax.lax.stop_gradient(v), jax.lax.stop_gradient(bias), u, self.scale, self.capacity
+      )
     if behavior is not None:
       mu_draw = jax.random.bernoulli(jax.random.fold_in(key, 1), rate, h.shape[:2])
       sampled = jnp.where(behavior, mu_draw.astype(jnp.float32), sampled)
@@ -183,5 +202,12 @@ class BoundaryPolicy(nn.Module):
     if behavior is not None:
       log_mu = bernoulli_log_prob(jnp.log(rate / (1.0 - rate)), executed)
       stats['log_ratio'] = jnp.where(behavior, log_probs - log_mu, 0.0)
-    return Boundaries(actions=executed, logits=logits, probs=jax.nn.sigmoid(logits),
-                      log_probs=log_probs, free=free, dropped=dropped, stats=stats)
+    return Boundaries(
+        actions=executed,
+        logits=logits,
+        probs=jax.nn.sigmoid(logits),
+        log_probs=log_probs,
+        free=free,
+        dropped=dropped,
+        stats=stats,
+    )

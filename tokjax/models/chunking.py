@@ -24,8 +24,11 @@ def downsample(x, actions, capacity: int):
   is_end = actions > 0.5
   slot = jnp.where(is_end, bd.chunk_index(actions), capacity)  # Slot C is out of range: dropped.
   rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, l))
-  ends = jnp.full((b, capacity), l, jnp.int32).at[rows, slot].set(
-      jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l)), mode='drop')
+  ends = (
+      jnp.full((b, capacity), l, jnp.int32)
+      .at[rows, slot]
+      .set(jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l)), mode='drop')
+  )
   valid = ends < l
   chunks = jnp.take_along_axis(x, jnp.minimum(ends, l - 1)[..., None], axis=1)
   return chunks * valid[..., None].astype(x.dtype), ends, valid

@@ -8,6 +8,7 @@ from tokjax.models import layers
 
 class FlatByteLM(nn.Module):
   """bytes -> embed -> `num_layers` Gemma-2 blocks -> next-byte logits. No chunking at all."""
+
   vocab_size: int
   d_model: int
   num_layers: int
@@ -21,6 +22,7 @@ class FlatByteLM(nn.Module):
     """tokens: int32[B, L] -> {'logits': float32[B, L, V]} (logits at t predict tokens at t + 1)."""
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     x = layers.Embed(self.vocab_size, self.d_model, self.dtype, name='embed')(tokens)
-    x = layers.Stack(self.num_layers, self.num_heads, self.mlp_hidden, self.window, self.dtype,
-                     name='layers')(x, positions)
+    x = layers.Stack(
+        self.num_layers, self.num_heads, self.mlp_hidden, self.window, self.dtype, name='layers'
+    )(x, positions)
     return {'logits': layers.LMHead(self.vocab_size, self.dtype, name='head')(x)}

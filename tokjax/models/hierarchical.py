@@ -15,12 +15,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tokjax.models import chunking
-from tokjax.models import layers
+from tokjax.models import chunking, layers
 
 
 class HierarchicalByteLM(nn.Module):
   """See the module docstring. The byte MLPs are `byte_mlp_ratio * d`, chunk MLPs `main_mlp_ratio * d`."""
+
   vocab_size: int
   d_model: int
   num_heads: int
@@ -33,7 +33,9 @@ class HierarchicalByteLM(nn.Module):
   main_mlp_ratio: int = 4
   capacity: int = 64
   dtype: layers.Dtype = jnp.float32
-  value_head: bool = False  # A critic on the (detached) encoder state, for estimator.baseline='value'.
+  value_head: bool = (
+      False  # A critic on the (detached) encoder state, for estimator.baseline='value'.
+  )
 
   def setup(self):
     d, h = self.d_model, self.num_heads
@@ -53,7 +55,9 @@ class HierarchicalByteLM(nn.Module):
     h = self.encoder(self.embed(tokens), positions)
     return h, self.early_head(h)
 
-  def __call__(self, tokens, key, mode: str = 'sample', actions=None, **boundary_kwargs) -> dict[str, Any]:
+  def __call__(
+      self, tokens, key, mode: str = 'sample', actions=None, **boundary_kwargs
+  ) -> dict[str, Any]:
     """tokens: int32[B, L]; key: PRNG key for the boundary method; mode: 'sample' | 'greedy' | 'given'.
 
     Returns logits and early_logits: float32[B, L, V], boundaries: `Boundaries`, chunk_valid: bool[B, C].
@@ -64,7 +68,9 @@ class HierarchicalByteLM(nn.Module):
       out['values'] = self.critic(h)
     return out
 
-  def sample_k(self, tokens, key, k: int, mode: str = 'sample', **boundary_kwargs) -> dict[str, Any]:
+  def sample_k(
+      self, tokens, key, k: int, mode: str = 'sample', **boundary_kwargs
+  ) -> dict[str, Any]:
     """K boundary draws per sequence sharing one encoder pass (for leave-one-out baselines).
 
     tokens: int32[B, L]. Returns logits: float32[K*B, L, V] (row k*B + b is draw k of sequence b),
@@ -73,7 +79,9 @@ class HierarchicalByteLM(nn.Module):
     """
     h, early_logits = self.encode(tokens)
     tile = lambda x: jnp.tile(x, (k,) + (1,) * (x.ndim - 1))
-    out = self._decode(tile(h), tile(tokens), tile(early_logits), key, mode, None, **boundary_kwargs)
+    out = self._decode(
+        tile(h), tile(tokens), tile(early_logits), key, mode, None, **boundary_kwargs
+    )
     out['early_logits'] = early_logits
     if self.value_head:
       out['values'] = self.critic(h)
@@ -81,8 +89,15 @@ class HierarchicalByteLM(nn.Module):
 
   def _decode(self, h, tokens, early_logits, key, mode, actions, **boundary_kwargs):
     """Boundaries, main and decoder stacks on encoder states h: [B, L, D] (see __call__)."""
-    bnd = self.boundary(h, key, mode=mode, actions=actions, tokens=tokens,
-                        early_logits=early_logits, **boundary_kwargs)
+    bnd = self.boundary(
+        h,
+        key,
+        mode=mode,
+        actions=actions,
+        tokens=tokens,
+        early_logits=early_logits,
+        **boundary_kwargs
+    )
     chunks, ends, valid = chunking.downsample(h, bnd.actions, self.capacity)
     chunk_out = self.main(chunks, ends, valid)
     if bnd.chunk_ema is not None:
@@ -96,13 +111,25 @@ class HierarchicalByteLM(nn.Module):
 class Critic(nn.Module):
   """Value head: stopgrad(h): [B, L, D] -> predicted return float32[B, L]. It reads a detached h, so its
   regression loss trains only itself and leaves the encoder to the LM and policy losses."""
+
   hidden: int
 
   @nn.compact
   def __call__(self, h):
     x = jax.lax.stop_gradient(h).astype(jnp.float32)
-    x = nn.gelu(nn.Dense(self.hidden, name='hidden', dtype=jnp.float32,
-                         kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
-                                                                  ('embed', 'mlp')))(x))
-    return nn.Dense(1, name='out', dtype=jnp.float32,
-                    kernel_init=nn.with_logical_partitioning(nn.initializers.zeros, ('mlp', None)))(x)[..., 0]
+    x = nn.gelu(
+        nn.Dense(
+            self.hidden,
+            name='hidden',
+            dtype=jnp.float32,
+            kernel_init=nn.with_logical_partitioning(
+                nn.initializers.lecun_normal(), ('embed', 'mlp')
+            ),
+        )(x)
+    )
+    return nn.Dense(
+        1,
+        name='out',
+        dtype=jnp.float32,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.zeros, ('mlp', None)),
+    )(x)[..., 0]

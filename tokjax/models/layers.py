@@ -27,13 +27,18 @@ def _init(scale: float, axes: tuple[str, ...]):
 
 class RMSNorm(nn.Module):
   """RMSNorm with a zero-initialised (1 + scale) gain, as in Gemma."""
+
   eps: float = 1e-6
   dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x):
-    scale = self.param('scale', nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)),
-                       (x.shape[-1],), jnp.float32)
+    scale = self.param(
+        'scale',
+        nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)),
+        (x.shape[-1],),
+        jnp.float32,
+    )
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
     return (y * (1.0 + scale)).astype(self.dtype)
@@ -95,6 +100,7 @@ def local_causal_attention(q, k, v, window: int):
 
 class Attention(nn.Module):
   """Multi-head causal self-attention with RoPE; sliding-window when `window > 0`."""
+
   num_heads: int
   window: int = 0
   dtype: Dtype = jnp.float32
@@ -105,8 +111,12 @@ class Attention(nn.Module):
     d = x.shape[-1]
     head_dim = d // self.num_heads
     proj = lambda name: nn.DenseGeneral(
-        (self.num_heads, head_dim), use_bias=False, dtype=self.dtype, name=name,
-        kernel_init=_init(d ** -0.5, ('embed', 'heads', 'kv')))(x)
+        (self.num_heads, head_dim),
+        use_bias=False,
+        dtype=self.dtype,
+        name=name,
+        kernel_init=_init(d**-0.5, ('embed', 'heads', 'kv')),
+    )(x)
     q, k, v = proj('query'), proj('key'), proj('value')
     q, k = apply_rope(q, positions), apply_rope(k, positions)
     # Byte layers run at positions 0..L-1 with no padding inside a row, which block-local attention
@@ -115,12 +125,19 @@ class Attention(nn.Module):
       out = local_causal_attention(q, k, v, self.window)
     else:
       out = full_causal_attention(q, k, v, positions, positions, key_valid, self.window)
-    return nn.DenseGeneral(d, axis=(-2, -1), use_bias=False, dtype=self.dtype, name='out',
-                           kernel_init=_init(d ** -0.5, ('heads', 'kv', 'embed')))(out)
+    return nn.DenseGeneral(
+        d,
+        axis=(-2, -1),
+        use_bias=False,
+        dtype=self.dtype,
+        name='out',
+        kernel_init=_init(d**-0.5, ('heads', 'kv', 'embed')),
+    )(out)
 
 
 class GeGLU(nn.Module):
   """Gated MLP: down(gelu(gate(x)) * up(x)), hidden width F."""
+
   hidden: int
   dtype: Dtype = jnp.float32
 
@@ -128,7 +145,8 @@ class GeGLU(nn.Module):
   def __call__(self, x):
     d = x.shape[-1]
     dense = lambda n, name, axes, fan_in: nn.Dense(
-        n, use_bias=False, dtype=self.dtype, name=name, kernel_init=_init(fan_in ** -0.5, axes))
+        n, use_bias=False, dtype=self.dtype, name=name, kernel_init=_init(fan_in**-0.5, axes)
+    )
     gate = dense(self.hidden, 'gate', ('embed', 'mlp'), d)(x)
     up = dense(self.hidden, 'up', ('embed', 'mlp'), d)(x)
     h = nn.with_logical_constraint(nn.gelu(gate) * up, ('batch', 'length', 'mlp'))
@@ -137,6 +155,7 @@ class GeGLU(nn.Module):
 
 class Block(nn.Module):
   """Gemma-2 block: x + post_norm(attn(pre_norm(x))), then x + post_norm(mlp(pre_norm(x)))."""
+
   num_heads: int
   mlp_hidden: int
   window: int = 0
@@ -145,15 +164,19 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x, positions, key_valid=None):
     h = Attention(self.num_heads, self.window, self.dtype, name='attn')(
-        RMSNorm(dtype=self.dtype, name='pre_attn_norm')(x), positions, key_valid)
+        RMSNorm(dtype=self.dtype, name='pre_attn_norm')(x), positions, key_valid
+    )
     x = x + RMSNorm(dtype=self.dtype, name='post_attn_norm')(h)
-    h = GeGLU(self.mlp_hidden, self.dtype, name='mlp')(RMSNorm(dtype=self.dtype, name='pre_mlp_norm')(x))
+    h = GeGLU(self.mlp_hidden, self.dtype, name='mlp')(
+        RMSNorm(dtype=self.dtype, name='pre_mlp_norm')(x)
+    )
     x = x + RMSNorm(dtype=self.dtype, name='post_mlp_norm')(h)
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 
 
 class Stack(nn.Module):
   """`num_layers` blocks in sequence."""
+
   num_layers: int
   num_heads: int
   mlp_hidden: int
@@ -164,34 +187,44 @@ class Stack(nn.Module):
   def __call__(self, x, positions, key_valid=None):
     for i in range(self.num_layers):
       x = Block(self.num_heads, self.mlp_hidden, self.window, self.dtype, name=f'block_{i}')(
-          x, positions, key_valid)
+          x, positions, key_valid
+      )
     return x
 
 
 class Embed(nn.Module):
   """Byte (+ special) embedding: ids int[B, L] -> [B, L, D]."""
+
   vocab_size: int
   d_model: int
   dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, ids):
-    table = self.param('embedding', _init(1.0, ('vocab', 'embed')), (self.vocab_size, self.d_model),
-                       jnp.float32)
+    table = self.param(
+        'embedding', _init(1.0, ('vocab', 'embed')), (self.vocab_size, self.d_model), jnp.float32
+    )
     # Without the constraint the gathered rows inherit the table's fsdp split of `embed`, and XLA
     # rematerialises the whole activation to reshard it for the first block.
-    return nn.with_logical_constraint(jnp.take(table, ids, axis=0).astype(self.dtype),
-                                      ('batch', 'length', 'embed'))
+    return nn.with_logical_constraint(
+        jnp.take(table, ids, axis=0).astype(self.dtype), ('batch', 'length', 'embed')
+    )
 
 
 class LMHead(nn.Module):
   """Final RMSNorm and an untied projection to next-byte logits: [B, L, D] -> float32[B, L, V]."""
+
   vocab_size: int
   dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x):
     x = RMSNorm(dtype=self.dtype, name='norm')(x)
-    logits = nn.Dense(self.vocab_size, use_bias=False, dtype=self.dtype, name='proj',
-                      kernel_init=_init(x.shape[-1] ** -0.5, ('embed', 'vocab')))(x)
+    logits = nn.Dense(
+        self.vocab_size,
+        use_bias=False,
+        dtype=self.dtype,
+        name='proj',
+        kernel_init=_init(x.shape[-1] ** -0.5, ('embed', 'vocab')),
+    )(x)
     return logits.astype(jnp.float32)

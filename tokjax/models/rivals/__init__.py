@@ -21,15 +21,19 @@ def build(config):
   """The boundary module named by config.boundary.method (any method but 'policy')."""
   # pylint: disable=g-import-not-at-top
   from tokjax.models.rivals import bpe, entropy, gumbel, hnet, rules
+
   b, cap = config.boundary, config.model.capacity
   rate = b.target_rate
   if b.method == 'hnet':
     return hnet.HNetRouter(target_rate=rate, capacity=cap, ratio_weight=b.ratio_weight)
   if b.method == 'gumbel':
     if b.temperature <= 0:
-      raise UserError(f'config.boundary.temperature={b.temperature} must be positive (1.0 is usual).')
-    return gumbel.GumbelPooling(target_rate=rate, capacity=cap, temperature=b.temperature,
-                                prior_weight=b.prior_weight)
+      raise UserError(
+          f'config.boundary.temperature={b.temperature} must be positive (1.0 is usual).'
+      )
+    return gumbel.GumbelPooling(
+        target_rate=rate, capacity=cap, temperature=b.temperature, prior_weight=b.prior_weight
+    )
   if b.method == 'entropy':
     return entropy.EntropySpikes(target_rate=rate, capacity=cap)
   if b.method == 'whitespace':
@@ -40,5 +44,6 @@ def build(config):
     return rules.Uniform(target_rate=rate, capacity=cap)
   if b.method == 'bpe':
     return bpe.BPEGuided(tokenizer_json=bpe.cached_tokenizer_json(config), capacity=cap)
-  raise UserError(f'config.boundary.method={b.method!r} is not valid; use "policy" or one of '
-                  f'{METHODS}.')
+  raise UserError(
+      f'config.boundary.method={b.method!r} is not valid; use "policy" or one of ' f'{METHODS}.'
+  )

@@ -36,8 +36,10 @@ def _tokenizers():
   try:
     import tokenizers  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise UserError('the bpe boundary method needs the `tokenizers` package; run '
-                    '`pip install -e .[compare]`.') from None
+    raise UserError(
+        'the bpe boundary method needs the `tokenizers` package; run '
+        '`pip install -e .[compare]`.'
+    ) from None
   return tokenizers
 
 
@@ -51,8 +53,11 @@ def train_tokenizer(docs, vocab_size: int, max_bytes: int = 3_000_000):
   tok = tk.Tokenizer(tk.models.BPE())
   tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = tk.decoders.ByteLevel()
-  trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                   initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
+  trainer = tk.trainers.BpeTrainer(
+      vocab_size=vocab_size,
+      show_progress=False,
+      initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+  )
   texts, total = [], 0
   for d in docs:
     if total >= max_bytes:
@@ -68,7 +73,7 @@ def tokens_per_byte(tok, docs, max_bytes: int = 500_000) -> float:
   for d in docs:
     if total >= max_bytes:
       break
-    texts.append(_to_text(d[:max_bytes - total]))
+    texts.append(_to_text(d[: max_bytes - total]))
     total += len(texts[-1])
   n = sum(len(e.ids) for e in tok.encode_batch(texts))
   return n / max(total, 1)
@@ -99,23 +104,40 @@ def cached_tokenizer_json(config) -> str:
   path = config.boundary.bpe_tokenizer
   if path:
     if not os.path.isfile(path):
-      raise UserError(f'config.boundary.bpe_tokenizer={path!r} does not exist; give a tokenizer JSON '
-                      'or leave it empty to train one on the training split.')
+      raise UserError(
+          f'config.boundary.bpe_tokenizer={path!r} does not exist; give a tokenizer JSON '
+          'or leave it empty to train one on the training split.'
+      )
     with open(path) as f:
       return f.read()
   from tokjax.data import corpora, pipeline, prepare  # pylint: disable=g-import-not-at-top
+
   d = config.data
-  key = repr((d.corpus, d.max_bytes, d.val_fraction, d.test_fraction, d.split_seed,
-              float(config.boundary.target_rate)))
+  key = repr(
+      (
+          d.corpus,
+          d.max_bytes,
+          d.val_fraction,
+          d.test_fraction,
+          d.split_seed,
+          float(config.boundary.target_rate),
+      )
+  )
   folder = os.path.join(d.data_dir or str(prepare.default_data_dir()), 'bpe')
   path = os.path.join(folder, hashlib.sha1(key.encode()).hexdigest()[:16] + '.json')
   if not os.path.isfile(path):
-    docs = corpora.load_documents(d.corpus, data_dir=d.data_dir or None, max_bytes=d.max_bytes or None)
-    splits = pipeline.split_documents(docs, val_fraction=d.val_fraction,
-                                      test_fraction=d.test_fraction, seed=d.split_seed)
+    docs = corpora.load_documents(
+        d.corpus, data_dir=d.data_dir or None, max_bytes=d.max_bytes or None
+    )
+    splits = pipeline.split_documents(
+        docs, val_fraction=d.val_fraction, test_fraction=d.test_fraction, seed=d.split_seed
+    )
     tok, vocab, rate = fit_tokenizer(splits['train'], splits['val'], config.boundary.target_rate)
-    print(f'bpe: trained a {vocab}-token byte-level BPE, {rate:.3f} tokens per byte on val '
-          f'(target {config.boundary.target_rate}); cached at {path}', flush=True)
+    print(
+        f'bpe: trained a {vocab}-token byte-level BPE, {rate:.3f} tokens per byte on val '
+        f'(target {config.boundary.target_rate}); cached at {path}',
+        flush=True,
+    )
     os.makedirs(folder, exist_ok=True)
     tok.save(path + '.tmp')
     os.replace(path + '.tmp', path)
@@ -154,17 +176,20 @@ def token_starts(tok, tokens: np.ndarray) -> np.ndarray:
 
 class BPEGuided(nn.Module):
   """tokens int32[B, L] -> `Boundaries` at BPE token starts (same call signature as BoundaryPolicy)."""
+
   tokenizer_json: str
   capacity: int = 64
 
-  def __call__(self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None,
-               **unused):
+  def __call__(
+      self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None, **unused
+  ):
     del key, early_logits, unused
     if mode == 'given':
       sampled = actions
     else:
       host = lambda t: token_starts(_load(self.tokenizer_json), t)
-      sampled = jax.pure_callback(host, jax.ShapeDtypeStruct(tokens.shape, jnp.float32), tokens,
-                                  vmap_method='sequential')
+      sampled = jax.pure_callback(
+          host, jax.ShapeDtypeStruct(tokens.shape, jnp.float32), tokens, vmap_method='sequential'
+      )
     sampled = jnp.where(tokens == PAD_ID, 0.0, sampled)
     return common.finish(sampled, self.capacity)

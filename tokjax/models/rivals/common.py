@@ -34,5 +34,12 @@ def finish(sampled, capacity: int, probs=None, logits=None, **fields) -> bd.Boun
   zeros = jnp.zeros(executed.shape, jnp.float32)
   probs = executed if probs is None else probs
   logits = zeros if logits is None else logits
-  return bd.Boundaries(actions=executed, logits=logits, probs=probs, log_probs=zeros,
-                       free=jnp.zeros(executed.shape, bool), dropped=dropped, **fields)
+  return bd.Boundaries(
+      actions=executed,
+      logits=logits,
+      probs=probs,
+      log_probs=zeros,
+      free=jnp.zeros(executed.shape, bool),
+      dropped=dropped,
+      **fields
+  )

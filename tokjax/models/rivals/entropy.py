@@ -31,18 +31,21 @@ def next_byte_entropy(early_logits):
 
 class EntropySpikes(nn.Module):
   """Early-exit logits float[B, L, V] -> `Boundaries` (same call signature as BoundaryPolicy)."""
+
   target_rate: float = 0.2
   capacity: int = 64
 
   @nn.compact
-  def __call__(self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None,
-               **unused):
+  def __call__(
+      self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None, **unused
+  ):
     """'sample' and 'greedy' are the same deterministic rule; 'given' evaluates `actions`."""
     del key, unused
     if early_logits is None:
       raise ValueError('the entropy method needs early_logits (the early-exit head)')
-    raw = self.param('threshold', nn.initializers.constant(INIT_THRESHOLD / THRESHOLD_SCALE), (),
-                     jnp.float32)
+    raw = self.param(
+        'threshold', nn.initializers.constant(INIT_THRESHOLD / THRESHOLD_SCALE), (), jnp.float32
+    )
     theta = THRESHOLD_SCALE * raw
     ent = next_byte_entropy(early_logits)
     spikes = (ent > jax.lax.stop_gradient(theta)).astype(jnp.float32)

@@ -29,32 +29,44 @@ def binomial_prior_loss(soft, mask, target_rate: float):
   k = jnp.sum(soft * mask, axis=-1)
   n = jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
   k = jnp.clip(k, 0.0, n)
-  log_pmf = (jax.scipy.special.gammaln(n + 1) - jax.scipy.special.gammaln(k + 1)
-             - jax.scipy.special.gammaln(n - k + 1)
-             + k * jnp.log(target_rate) + (n - k) * jnp.log1p(-target_rate))
+  log_pmf = (
+      jax.scipy.special.gammaln(n + 1)
+      - jax.scipy.special.gammaln(k + 1)
+      - jax.scipy.special.gammaln(n - k + 1)
+      + k * jnp.log(target_rate)
+      + (n - k) * jnp.log1p(-target_rate)
+  )
   return jnp.mean(-log_pmf / n)
 
 
 class GumbelPooling(nn.Module):
   """Encoder states h: float[B, L, D] -> `Boundaries` (same call signature as BoundaryPolicy)."""
+
   target_rate: float = 0.2
   capacity: int = 64
   temperature: float = 1.0
   prior_weight: float = 1.0
 
   @nn.compact
-  def __call__(self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None,
-               **unused):
+  def __call__(
+      self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None, **unused
+  ):
     del early_logits, unused
     d = h.shape[-1]
-    x = nn.Dense(d, name='mlp_in', dtype=jnp.float32,
-                 kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
-                                                          ('embed', 'mlp')))(h.astype(jnp.float32))
+    x = nn.Dense(
+        d,
+        name='mlp_in',
+        dtype=jnp.float32,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), ('embed', 'mlp')),
+    )(h.astype(jnp.float32))
     bias = jnp.log(self.target_rate / (1.0 - self.target_rate))
-    logits = nn.Dense(1, name='mlp_out', dtype=jnp.float32,
-                      kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02),
-                                                               ('mlp', None)),
-                      bias_init=nn.initializers.constant(bias))(jax.nn.gelu(x))[..., 0]
+    logits = nn.Dense(
+        1,
+        name='mlp_out',
+        dtype=jnp.float32,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ('mlp', None)),
+        bias_init=nn.initializers.constant(bias),
+    )(jax.nn.gelu(x))[..., 0]
     if mode == 'sample':
       u = jax.random.uniform(key, logits.shape, minval=1e-6, maxval=1.0 - 1e-6)
       soft = jax.nn.sigmoid((logits + jnp.log(u) - jnp.log1p(-u)) / self.temperature)
@@ -65,5 +77,8 @@ class GumbelPooling(nn.Module):
     mask = common.valid_mask(tokens, logits.shape) * (~bd.forced_mask(logits.shape))
     hard_ste = sampled + soft - jax.lax.stop_gradient(soft)
     prior = binomial_prior_loss(hard_ste, mask, self.target_rate)
-    return out.replace(aux_loss=self.prior_weight * prior,
-                       chunk_gate=common.ste_gate(out.actions, soft), stats={'prior_loss': prior})
+    return out.replace(
+        aux_loss=self.prior_weight * prior,
+        chunk_gate=common.ste_gate(out.actions, soft),
+        stats={'prior_loss': prior},
+    )

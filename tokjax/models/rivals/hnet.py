@@ -38,13 +38,15 @@ def ratio_loss(actions, probs, mask, target_rate: float):
 
 class HNetRouter(nn.Module):
   """Encoder states h: float[B, L, D] -> `Boundaries` (same call signature as BoundaryPolicy)."""
+
   target_rate: float = 0.2
   capacity: int = 64
   ratio_weight: float = 0.03
 
   @nn.compact
-  def __call__(self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None,
-               **unused):
+  def __call__(
+      self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None, **unused
+  ):
     """mode 'sample' and 'greedy' are the same deterministic rule; 'given' evaluates `actions`."""
     del key, early_logits, unused
     d = h.shape[-1]
@@ -54,13 +56,22 @@ class HNetRouter(nn.Module):
     k = nn.Dense(d, use_bias=False, kernel_init=init, name='k', dtype=jnp.float32)(h32)
     k_prev = jnp.pad(k, ((0, 0), (1, 0), (0, 0)))[:, :-1]
     cos = jnp.sum(q * k_prev, -1) * jax.lax.rsqrt(
-        jnp.sum(q * q, -1) * jnp.sum(k_prev * k_prev, -1) + 1e-8)
+        jnp.sum(q * q, -1) * jnp.sum(k_prev * k_prev, -1) + 1e-8
+    )
     p = jnp.clip((1.0 - cos) / 2.0, 0.0, 1.0)
     p = p.at[:, 0].set(1.0)
     sampled = actions if mode == 'given' else (p >= 0.5).astype(jnp.float32)
-    out = common.finish(sampled, self.capacity, probs=p,
-                        logits=jnp.log(jnp.clip(p, 1e-6, 1.0)) - jnp.log(jnp.clip(1.0 - p, 1e-6, 1.0)))
+    out = common.finish(
+        sampled,
+        self.capacity,
+        probs=p,
+        logits=jnp.log(jnp.clip(p, 1e-6, 1.0)) - jnp.log(jnp.clip(1.0 - p, 1e-6, 1.0)),
+    )
     mask = common.valid_mask(tokens, p.shape) * (~bd.forced_mask(p.shape))
     loss = ratio_loss(out.actions, p, mask, self.target_rate)
-    return out.replace(aux_loss=self.ratio_weight * loss, chunk_gate=common.ste_gate(out.actions, p),
-                       chunk_ema=p, stats={'ratio_loss': loss})
+    return out.replace(
+        aux_loss=self.ratio_weight * loss,
+        chunk_gate=common.ste_gate(out.actions, p),
+        chunk_ema=p,
+        stats={'ratio_loss': loss},
+    )

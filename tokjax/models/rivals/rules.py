@@ -22,7 +22,7 @@ from tokjax.models.rivals import common
 def spacelike(tokens):
   """bool[B, L]: SpaceByte's spacelike bytes (BOS counts as spacelike, PAD does not)."""
   t = tokens
-  letter_or_digit = (((t >= 48) & (t <= 57)) | ((t >= 65) & (t <= 90)) | ((t >= 97) & (t <= 122)))
+  letter_or_digit = ((t >= 48) & (t <= 57)) | ((t >= 65) & (t <= 90)) | ((t >= 97) & (t <= 122))
   continuation = (t >= 0x80) & (t <= 0xBF)
   return ((t < 256) & ~letter_or_digit & ~continuation) | (t == BOS_ID)
 
@@ -36,10 +36,12 @@ def whitespace_rule(tokens):
 
 class Whitespace(nn.Module):
   """tokens int32[B, L] -> `Boundaries` (same call signature as BoundaryPolicy)."""
+
   capacity: int = 64
 
-  def __call__(self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None,
-               **unused):
+  def __call__(
+      self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None, **unused
+  ):
     del key, early_logits, unused
     sampled = actions if mode == 'given' else whitespace_rule(tokens)
     return common.finish(sampled, self.capacity)
@@ -47,11 +49,13 @@ class Whitespace(nn.Module):
 
 class Stride(nn.Module):
   """Every k-th byte closes a chunk, k = round(1 / target_rate)."""
+
   target_rate: float = 0.2
   capacity: int = 64
 
-  def __call__(self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None,
-               **unused):
+  def __call__(
+      self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None, **unused
+  ):
     del key, tokens, early_logits, unused
     k = max(1, round(1.0 / self.target_rate))
     rule = ((jnp.arange(h.shape[1]) + 1) % k == 0).astype(jnp.float32)
@@ -61,11 +65,13 @@ class Stride(nn.Module):
 
 class Uniform(nn.Module):
   """Exactly round(target_rate * L) boundaries per row at random positions (forced ones included)."""
+
   target_rate: float = 0.2
   capacity: int = 64
 
-  def __call__(self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None,
-               **unused):
+  def __call__(
+      self, h, key, mode: str = 'sample', actions=None, tokens=None, early_logits=None, **unused
+  ):
     del tokens, early_logits, unused
     b, l = h.shape[:2]
     n_free = min(max(round(self.target_rate * l) - 2, 0), l - 2)
