@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tokjax import checkpointing, cli, config_defaults, losses, sharding, train_state
-from tokjax.data import PAD_ID, corpora, pipeline
+from tokjax.data import PAD_ID, pipeline
 from tokjax.errors import UserError
 
 HIST_MAX = 32  # Chunks of HIST_MAX bytes or more share the last histogram bin.
@@ -311,15 +311,11 @@ def evaluate_docs(
 def load_split(config, corpus: str | None, split: str):
   """The documents of corpus (default: the checkpoint's) split as in training (config.data fractions
   and split_seed): {'train', 'val', 'test'} -> list[bytes]."""
-  d = config.data
-  docs = corpora.load_documents(
-      corpus or d.corpus, data_dir=d.data_dir or None, max_bytes=d.max_bytes or None
-  )
-  splits = pipeline.split_documents(
-      docs, val_fraction=d.val_fraction, test_fraction=d.test_fraction, seed=d.split_seed
-  )
+  splits = pipeline.load_splits(config.data, corpus)
   if not splits[split]:
-    raise UserError(f'the {split} split of {corpus or d.corpus!r} is empty; use a bigger corpus.')
+    raise UserError(
+        f'the {split} split of {corpus or config.data.corpus!r} is empty; use a bigger corpus.'
+    )
   return splits
 
 

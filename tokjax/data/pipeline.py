@@ -221,6 +221,21 @@ class Data:
     return self._bpb[split]
 
 
+def load_splits(data_config, corpus: str | None = None) -> dict[str, list[bytes]]:
+  """The documents of `corpus` (default data_config.corpus) split as training splits them.
+
+  Reads data_config.{corpus, data_dir, max_bytes, val_fraction, test_fraction, split_seed}.
+  Returns {"train", "val", "test"} -> list of documents.
+  """
+  d = data_config
+  docs = corpora.load_documents(
+      corpus or d.corpus, data_dir=d.data_dir or None, max_bytes=d.max_bytes or None
+  )
+  return split_documents(
+      docs, val_fraction=d.val_fraction, test_fraction=d.test_fraction, seed=d.split_seed
+  )
+
+
 def build_data(config) -> Data:
   """Builds corpus, splits, train iterator and val batches from a ConfigDict.
 
@@ -229,15 +244,7 @@ def build_data(config) -> Data:
   config.eval.{batch_size, max_batches}; a 0 or '' means "default / no cap".
   """
   data_cfg, eval_cfg = config.data, config.eval
-  docs = corpora.load_documents(
-      data_cfg.corpus, data_dir=data_cfg.data_dir or None, max_bytes=data_cfg.max_bytes or None
-  )
-  splits = split_documents(
-      docs,
-      val_fraction=data_cfg.val_fraction,
-      test_fraction=data_cfg.test_fraction,
-      seed=data_cfg.split_seed,
-  )
+  splits = load_splits(data_cfg)
   max_batches = eval_cfg.max_batches or None
   return Data(
       splits=splits,

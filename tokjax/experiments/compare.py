@@ -340,16 +340,7 @@ def compare(
     c.train.log_every = max(1, min(25, steps // 8))
     c.train.checkpoint_every = steps
     config_defaults.validate(c)
-  data_cfg = base.data
-  docs = pipeline.corpora.load_documents(
-      corpus, data_dir=data_cfg.data_dir or None, max_bytes=data_cfg.max_bytes or None
-  )
-  splits = pipeline.split_documents(
-      docs,
-      val_fraction=data_cfg.val_fraction,
-      test_fraction=data_cfg.test_fraction,
-      seed=data_cfg.split_seed,
-  )
+  splits = pipeline.load_splits(base.data, corpus)
   passage = paragraph(splits['test'], base.data.seq_len - 1)
   key = jax.random.PRNGKey(1234)
   results = []

@@ -110,7 +110,7 @@ def cached_tokenizer_json(config) -> str:
       )
     with open(path) as f:
       return f.read()
-  from tokjax.data import corpora, pipeline, prepare  # pylint: disable=g-import-not-at-top
+  from tokjax.data import pipeline, prepare  # pylint: disable=g-import-not-at-top
 
   d = config.data
   key = repr(
@@ -126,12 +126,7 @@ def cached_tokenizer_json(config) -> str:
   folder = os.path.join(d.data_dir or str(prepare.default_data_dir()), 'bpe')
   path = os.path.join(folder, hashlib.sha1(key.encode()).hexdigest()[:16] + '.json')
   if not os.path.isfile(path):
-    docs = corpora.load_documents(
-        d.corpus, data_dir=d.data_dir or None, max_bytes=d.max_bytes or None
-    )
-    splits = pipeline.split_documents(
-        docs, val_fraction=d.val_fraction, test_fraction=d.test_fraction, seed=d.split_seed
-    )
+    splits = pipeline.load_splits(d)
     tok, vocab, rate = fit_tokenizer(splits['train'], splits['val'], config.boundary.target_rate)
     print(
         f'bpe: trained a {vocab}-token byte-level BPE, {rate:.3f} tokens per byte on val '
