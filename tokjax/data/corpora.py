@@ -6,6 +6,8 @@ A spec is one of:
   "hf:fineweb", "hf:codeparrot"   Hugging Face streaming (`pip install -e .[hf]`)
   "hf:PATH.parquet", "hf:PATH.jsonl[#FIELD]"   local table, field "text" by default
   anything else            a local file, a folder (recursively) or a glob pattern
+("prepared:DIR", a folder written by `python -m tokjax.data.prepare SPEC --out DIR`, is read by
+pipeline.load_splits / build_data through tokjax.data.shards, not here.)
 
 Documents are raw bytes, never decoded. Long documents are cut into
 pseudo-documents at newlines, because train/val/test splits are by document.
@@ -82,23 +84,40 @@ def load_documents(
   Returns:
     Documents; long ones are cut into ~32 KiB pieces (see `split_long_document`).
   """
+  return list(iter_documents(spec, data_dir=data_dir, max_bytes=max_bytes))
+
+
+def iter_documents(
+    spec: str = "stdlib", *, data_dir: str | None = None, max_bytes: int | None = None
+) -> Iterator[bytes]:
+  """`load_documents` one document at a time, so a corpus of any size streams in bounded memory."""
   if max_bytes is not None and max_bytes <= 0:
     raise UserError(
         f"max_bytes must be positive, got {max_bytes}; " "use None (or 0 in configs) for no cap"
     )
+  if spec.startswith("prepared:"):
+    raise UserError(
+        f"{spec!r} is already prepared; train on it with --config.data.corpus={spec}, "
+        "or prepare its source spec again"
+    )
   if max_bytes is None and spec.startswith("hf:") and spec[3:] in _HF_STREAMS:
     max_bytes = HF_STREAM_DEFAULT_MAX_BYTES
-  docs, total = [], 0
-  # Sources are lazy, so a small max_bytes reads only a prefix of the corpus.
-  for raw in _raw_documents(spec, data_dir):
+  # Sources are lazy, so a small max_bytes reads only a prefix of the corpus. Errors about the spec
+  # itself come before the first document is asked for.
+  raw_documents = _raw_documents(spec, data_dir)
+  return _capped(raw_documents, spec, max_bytes)
+
+
+def _capped(raw_documents: Iterator[bytes], spec: str, max_bytes: int | None) -> Iterator[bytes]:
+  total = 0
+  for raw in raw_documents:
     for doc in split_long_document(raw):
       if max_bytes is not None and total >= max_bytes:
-        return docs
-      docs.append(doc)
+        return
+      yield doc
       total += len(doc)
-  if not docs:
+  if not total:
     raise UserError(f"corpus {spec!r} has no non-empty documents; {_HELP_SPECS}")
-  return docs
 
 
 def _raw_documents(spec: str, data_dir: str | None) -> Iterator[bytes]:

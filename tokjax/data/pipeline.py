@@ -6,6 +6,20 @@ is predicted exactly once per epoch. Batches are dicts of numpy arrays:
   inputs: int32[B, L], targets: int32[B, L], mask: float32[B, L]
 where mask is 1 exactly where the target is a real byte: bits-per-byte counts
 bytes, not BOS or PAD.
+
+Two sources feed the same pipelines:
+  in memory   any corpus spec: documents are loaded into a list and split by
+              `split_documents` (a seeded permutation over the list);
+  prepared    'prepared:DIR' (see shards.py): documents stay in ArrayRecord
+              shards, split once at prepare time by a per-document hash, and
+              are read by random access, so start-up and memory do not grow
+              with the corpus.
+For one prepared folder and seed both paths give identical batches: the
+in-memory path reads the folder's splits as they are (it does not split
+again) and both run the same grain chain over the same packed stream. The
+in-memory split rule is kept as it was (rather than switched to the hash
+rule) so that every result already computed on in-memory corpora stays
+bit-reproducible and tiny corpora keep at least one document per split.
 """
 
 from collections.abc import Sequence
@@ -16,7 +30,7 @@ import grain
 import jax
 import numpy as np
 
-from tokjax.data import BOS_ID, PAD_ID, compression, corpora
+from tokjax.data import BOS_ID, PAD_ID, compression, corpora, shards
 from tokjax.errors import UserError
 
 SPLITS = ("train", "val", "test")
@@ -117,26 +131,107 @@ def make_train_iterator(
     A grain DatasetIterator over this process's batches of batch_size //
     process_count rows; save it with `iterator_checkpoint_args`.
   """
+  _check_positive(seq_len=seq_len, batch_size=batch_size)
+  process_index, process_count = _check_processes(batch_size, process_index, process_count)
+  stream = pack_documents(docs)
+  return _train_iterator(
+      num_examples(stream, seq_len),
+      functools.partial(get_examples, stream, seq_len=seq_len),
+      seed=seed,
+      batch_size=batch_size,
+      process_index=process_index,
+      process_count=process_count,
+  )
+
+
+def _train_iterator(
+    n_examples: int, get_batch, *, seed, batch_size, process_index, process_count
+) -> grain.DatasetIterator:
+  """The one grain chain of both train iterators (in-memory and prepared): same seed, same rows."""
+  ds = (
+      grain.MapDataset.range(n_examples)
+      .shuffle(seed=seed)
+      .repeat()[process_index::process_count]
+      .batch(batch_size // process_count, drop_remainder=True)
+      .map(get_batch)
+  )
+  # A batch is one numpy gather (in memory) or a few record reads (prepared): a couple of threads
+  # and a short buffer suffice, and keep memory bounded for big batches.
+  read_options = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)
+  return iter(ds.to_iter_dataset(read_options))
+
+
+def _check_processes(batch_size, process_index, process_count):
   process_index = jax.process_index() if process_index is None else process_index
   process_count = jax.process_count() if process_count is None else process_count
-  _check_positive(seq_len=seq_len, batch_size=batch_size)
   if batch_size % process_count:
     raise UserError(
         f"batch_size={batch_size} is not divisible by the {process_count} processes; "
         "make it a multiple of the process count"
     )
-  stream = pack_documents(docs)
-  ds = (
-      grain.MapDataset.range(num_examples(stream, seq_len))
-      .shuffle(seed=seed)
-      .repeat()[process_index::process_count]
-      .batch(batch_size // process_count, drop_remainder=True)
-      .map(functools.partial(get_examples, stream, seq_len=seq_len))
+  return process_index, process_count
+
+
+def windows_to_examples(windows: np.ndarray) -> dict[str, np.ndarray]:
+  """int[B, L + 1] windows -> inputs/targets/mask [B, L], as get_examples returns them."""
+  windows = windows.astype(np.int32)
+  targets = windows[:, 1:]
+  return {"inputs": windows[:, :-1], "targets": targets, "mask": (targets < 256).astype(np.float32)}
+
+
+def _prepared_examples(reader: shards.SplitReader, indices, *, seq_len: int):
+  return windows_to_examples(reader.windows(np.asarray(indices), seq_len))
+
+
+def make_prepared_train_iterator(
+    reader: shards.SplitReader,
+    *,
+    seq_len: int,
+    batch_size: int,
+    seed: int,
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> grain.DatasetIterator:
+  """`make_train_iterator` over a prepared split, read by random access.
+
+  The same examples (windows of seq_len + 1 tokens of the packed split, stride seq_len), the same
+  shuffle and the same process sharding as `make_train_iterator(documents of the split)`, so both
+  give identical batches for one seed; but only this process's windows are ever read, and start-up
+  reads nothing of the split. Checkpoint it with `iterator_checkpoint_args` as usual.
+  """
+  _check_positive(seq_len=seq_len, batch_size=batch_size)
+  process_index, process_count = _check_processes(batch_size, process_index, process_count)
+  return _train_iterator(
+      reader.num_examples(seq_len),
+      functools.partial(_prepared_examples, reader, seq_len=seq_len),
+      seed=seed,
+      batch_size=batch_size,
+      process_index=process_index,
+      process_count=process_count,
   )
-  # The data is in memory and a batch is one numpy gather: a couple of threads
-  # and a short buffer suffice, and keep memory bounded for big batches.
-  read_options = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)
-  return iter(ds.to_iter_dataset(read_options))
+
+
+def make_prepared_eval_batches(
+    reader: shards.SplitReader, *, seq_len: int, batch_size: int, max_batches: int | None = None
+) -> list[dict[str, np.ndarray]]:
+  """`make_eval_batches` of a prepared split, reading only the windows it keeps.
+
+  Same order (a permutation seeded 0 of the split's examples), same padding; a test checks that
+  both give identical batches, so a change of make_eval_batches shows up there.
+  """
+  _check_positive(seq_len=seq_len, batch_size=batch_size)
+  order = np.random.default_rng(0).permutation(reader.num_examples(seq_len))
+  if max_batches is not None:
+    order = order[: max_batches * batch_size]
+  batches = []
+  for start in range(0, len(order), batch_size):
+    batch = _prepared_examples(reader, order[start : start + batch_size], seq_len=seq_len)
+    pad = batch_size - len(batch["mask"])
+    batch["inputs"] = np.pad(batch["inputs"], ((0, pad), (0, 0)), constant_values=PAD_ID)
+    batch["targets"] = np.pad(batch["targets"], ((0, pad), (0, 0)), constant_values=PAD_ID)
+    batch["mask"] = np.pad(batch["mask"], ((0, pad), (0, 0)))
+    batches.append(batch)
+  return batches
 
 
 def iterator_checkpoint_args(iterator: grain.DatasetIterator, *, save: bool):
@@ -210,7 +305,9 @@ class Data:
   """Everything the trainer needs from the data side.
 
   Attributes:
-    splits: "train"/"val"/"test" -> documents.
+    splits: "train"/"val"/"test" -> documents: lists for in-memory corpora; for
+      a prepared corpus lazy `shards.PreparedDocuments` (len and indexing read
+      one document; iterating streams the whole split, so prefer num_bytes).
     train_iter: endless iterator of this process's training batches.
     val_batches: eval batches of the val split (global batches, the same on
       every process).
@@ -219,7 +316,7 @@ class Data:
     eval_max_batches: cap on eval batches, None for the whole split.
   """
 
-  splits: dict[str, list[bytes]]
+  splits: dict[str, Sequence[bytes]]
   train_iter: grain.DatasetIterator
   val_batches: list[dict[str, np.ndarray]]
   seq_len: int
@@ -243,17 +340,54 @@ class Data:
       self._bpb[split] = compression.split_bpb(self.splits[split])
     return self._bpb[split]
 
+  def num_bytes(self, split: str) -> int:
+    """Bytes of documents in the split (without reading a prepared split)."""
+    docs = self.splits[split]
+    return docs.num_bytes if isinstance(docs, shards.PreparedDocuments) else sum(map(len, docs))
 
-def load_splits(data_config, corpus: str | None = None) -> dict[str, list[bytes]]:
+
+@dataclasses.dataclass
+class PreparedData(Data):
+  """Data of a prepared corpus: eval batches are read by random access, reference bpb from the
+  manifest (computed at prepare time on the same first compression.SPLIT_MAX_BYTES bytes)."""
+
+  readers: dict[str, shards.SplitReader] = dataclasses.field(default_factory=dict, repr=False)
+  manifest: dict = dataclasses.field(default_factory=dict, repr=False)
+
+  @functools.cached_property
+  def test_batches(self) -> list[dict[str, np.ndarray]]:
+    return make_prepared_eval_batches(
+        self.readers["test"],
+        seq_len=self.seq_len,
+        batch_size=self.eval_batch_size,
+        max_batches=self.eval_max_batches,
+    )
+
+  def reference_bpb(self, split: str) -> dict[str, float]:
+    if split not in self._bpb:
+      ref = self.manifest["reference_bpb"].get(split)
+      self._bpb[split] = (
+          {"gzip": ref["gzip"], "xz": ref["xz"]}
+          if ref
+          else compression.split_bpb(self.splits[split])
+      )
+    return self._bpb[split]
+
+
+def load_splits(data_config, corpus: str | None = None) -> dict[str, Sequence[bytes]]:
   """The documents of `corpus` (default data_config.corpus) split as training splits them.
 
   Reads data_config.{corpus, data_dir, max_bytes, val_fraction, test_fraction, split_seed}.
-  Returns {"train", "val", "test"} -> list of documents.
+  Returns {"train", "val", "test"} -> documents: lists, or for a 'prepared:DIR'
+  corpus lazy `shards.PreparedDocuments` split as the folder was prepared (its
+  manifest's split rule; the config's fractions, split_seed and max_bytes do not apply).
   """
   d = data_config
-  docs = corpora.load_documents(
-      corpus or d.corpus, data_dir=d.data_dir or None, max_bytes=d.max_bytes or None
-  )
+  spec = corpus or d.corpus
+  if shards.is_prepared_spec(spec):
+    _, readers = shards.open_splits(spec)
+    return {name: shards.PreparedDocuments(r) for name, r in readers.items()}
+  docs = corpora.load_documents(spec, data_dir=d.data_dir or None, max_bytes=d.max_bytes or None)
   return split_documents(
       docs, val_fraction=d.val_fraction, test_fraction=d.test_fraction, seed=d.split_seed
   )
@@ -265,10 +399,33 @@ def build_data(config) -> Data:
   Reads config.seed (shuffle seed), config.data.{corpus, data_dir, max_bytes,
   val_fraction, test_fraction, split_seed, seq_len, batch_size} and
   config.eval.{batch_size, max_batches}; a 0 or '' means "default / no cap".
+  A 'prepared:DIR' corpus gives a `PreparedData` that reads by random access.
   """
   data_cfg, eval_cfg = config.data, config.eval
-  splits = load_splits(data_cfg)
   max_batches = eval_cfg.max_batches or None
+  if shards.is_prepared_spec(data_cfg.corpus):
+    manifest, readers = shards.open_splits(data_cfg.corpus)
+    return PreparedData(
+        splits={name: shards.PreparedDocuments(r) for name, r in readers.items()},
+        train_iter=make_prepared_train_iterator(
+            readers["train"],
+            seq_len=data_cfg.seq_len,
+            batch_size=data_cfg.batch_size,
+            seed=config.seed,
+        ),
+        val_batches=make_prepared_eval_batches(
+            readers["val"],
+            seq_len=data_cfg.seq_len,
+            batch_size=eval_cfg.batch_size,
+            max_batches=max_batches,
+        ),
+        seq_len=data_cfg.seq_len,
+        eval_batch_size=eval_cfg.batch_size,
+        eval_max_batches=max_batches,
+        readers=readers,
+        manifest=manifest,
+    )
+  splits = load_splits(data_cfg)
   return Data(
       splits=splits,
       train_iter=make_train_iterator(

@@ -1,0 +1,109 @@
+"""Local paths and URLs (gs://, s3://, ...) through one interface, `etils.epath`.
+
+Workdirs, checkpoints and prepared-data folders may live in a cloud bucket. Every function here takes
+a local path or a URL; a URL whose filesystem package is missing (gcsfs for gs://, s3fs for s3://)
+fails with one UserError line that names the package instead of an ImportError deep in a run:
+
+  from tokjax import paths
+  root = paths.resolve(config.train.workdir)      # epath.Path; checks the scheme's package.
+  paths.makedirs(root)                            # mkdir -p
+  paths.write_text(paths.join(root, 'config.json'), text)
+  if paths.exists(paths.join(root, 'metrics.jsonl')): ...
+
+Local paths keep their meaning (`~` is expanded); `is_local` tells callers that need a POSIX file
+(the ArrayRecord reader does) whether they have one.
+"""
+
+import os
+
+from etils import epath
+
+from tokjax.errors import UserError
+
+# Schemes epath serves only through an optional package, and the package to install.
+_SCHEME_PACKAGES = {
+    'gs': 'gcsfs',
+    's3': 's3fs',
+    'az': 'adlfs',
+    'abfs': 'adlfs',
+    'hf': 'huggingface_hub',
+}
+
+
+def scheme(path: str | os.PathLike) -> str:
+  """'gs' for 'gs://b/x', '' for a local path."""
+  text = os.fspath(path)
+  head, sep, _ = text.partition('://')
+  return head if sep else ''
+
+
+def is_local(path: str | os.PathLike) -> bool:
+  return scheme(path) in ('', 'file')
+
+
+def resolve(path: str | os.PathLike) -> epath.Path:
+  """An epath.Path for `path`; raises UserError if the URL's filesystem package is missing."""
+  kind = scheme(path)
+  if is_local(path):
+    return epath.Path(os.path.expanduser(os.fspath(path).removeprefix('file://')))
+  try:
+    resolved = epath.Path(os.fspath(path))
+  except KeyError:
+    raise UserError(
+        f'{os.fspath(path)!r}: unknown URL scheme {kind}://; use a local path or gs:// / s3:// '
+        '(with gcsfs / s3fs installed)'
+    ) from None
+  package = _SCHEME_PACKAGES.get(kind)
+  if package is not None:
+    try:
+      __import__(package)
+    except ImportError:
+      raise UserError(
+          f'{os.fspath(path)!r} needs the {package} package for {kind}:// paths; '
+          f'run `pip install {package}` or use a local path'
+      ) from None
+  return resolved
+
+
+def join(path: str | os.PathLike, *parts: str) -> epath.Path:
+  return resolve(path).joinpath(*parts)
+
+
+def exists(path: str | os.PathLike) -> bool:
+  return resolve(path).exists()
+
+
+def makedirs(path: str | os.PathLike) -> epath.Path:
+  """mkdir -p; returns the path."""
+  p = resolve(path)
+  p.mkdir(parents=True, exist_ok=True)
+  return p
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+  resolve(path).write_text(text)
+
+
+def read_text(path: str | os.PathLike) -> str:
+  return resolve(path).read_text()
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+  resolve(path).write_bytes(data)
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+  return resolve(path).read_bytes()
+
+
+def remove(path: str | os.PathLike) -> None:
+  """Deletes a file (not a folder); no error if it is already gone."""
+  p = resolve(path)
+  if p.exists():
+    p.unlink()
+
+
+def is_empty_or_missing(path: str | os.PathLike) -> bool:
+  """True if `path` does not exist or is an empty folder."""
+  p = resolve(path)
+  return not p.exists() or (p.is_dir() and not any(p.iterdir()))
