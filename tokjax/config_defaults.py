@@ -94,6 +94,9 @@ def base_config() -> ml_collections.ConfigDict:
       keep_checkpoints=2,
       workdir='runs/default',
   )
+  # scale (#15): jax.profiler trace of train steps N..M inclusive, written to <workdir>/profile;
+  # (0, 0) = off. Read by tokjax.profiling.StepProfiler.from_config.
+  c.train.profile_steps = (0, 0)
   c.eval = dict(
       batch_size=16,
       max_batches=8,  # Val bpb over max_batches * batch_size sequences.
