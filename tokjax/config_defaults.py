@@ -100,6 +100,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.scan_layers = False  # nn.scan over identical blocks (a different parameter tree).
   c.model.attention = 'blocked'  # 'blocked' | 'dot_product' | 'cudnn' (GPU, bfloat16).
   c.optim.grad_accum_steps = 1  # Micro-batches per step (divides data.batch_size).
+  # scale (#15): jax.profiler trace of train steps N..M inclusive, written to <workdir>/profile;
+  # (0, 0) = off. Read by tokjax.profiling.StepProfiler.from_config.
+  c.train.profile_steps = (0, 0)
   c.eval = dict(
       batch_size=16,
       max_batches=8,  # Val bpb over max_batches * batch_size sequences.

@@ -1,0 +1,46 @@
+"""The analytic FLOP count against XLA's cost_analysis of the compiled train step, and the MFU helpers."""
+
+import jax
+import pytest
+
+from tokjax import compile_check, config_defaults, flops
+
+
+def _config(kind):
+  c = config_defaults.base_config()  # d_model 128, L = 256: matrix multiplies dominate the step.
+  c.data.batch_size = 4
+  c.mesh.data = 1
+  if kind == 'flat':
+    c.model.kind, c.model.byte_window, c.estimator.kind = 'flat', 0, 'none'
+  else:
+    c.boundary.window = 8  # The paper's sequential policy.
+  return c
+
+
+@pytest.mark.parametrize('kind', ['flat', 'hierarchical'])
+def test_executed_flops_match_xla(kind):
+  config = _config(kind)
+  report = compile_check.check(config, jax.devices()[:1], compile_eval=False)
+  analytic, xla = flops.step_flops(config), report['xla_flops_per_device']
+  assert analytic == report['analytic_flops_per_step']
+  assert abs(analytic - xla) / xla < 0.10, (analytic, xla)
+
+
+def test_model_flops_follow_the_realised_rate():
+  config = _config('hierarchical')
+  low, high = flops.step_flops(config, rate=0.1), flops.step_flops(config, rate=0.3)
+  # Only the main network depends on the rate: 3 passes x B x main_layers blocks on the extra chunks.
+  m, d, seq, b = config.model, config.model.d_model, config.data.seq_len, config.data.batch_size
+  linear = 3 * b * m.main_layers * (8 * d * d + 6 * d * m.main_mlp_ratio * d) * 0.2 * seq
+  assert high - low > linear  # Plus attention, quadratic in the chunk count.
+  assert high - low < 1.2 * linear
+  assert flops.flops_per_byte(config, 0.2) * seq * b == pytest.approx(flops.step_flops(config, 0.2))
+
+
+def test_peak_and_mfu():
+  cpu = jax.devices('cpu')[0]
+  measured = flops.measure_matmul_peak(n=256, repeats=2)
+  assert 1e8 < measured < 1e13  # A CPU core does between 0.1 GFLOP/s and 10 TFLOP/s.
+  assert flops.peak_flops(cpu) is None and flops.peak_flops(cpu, measured) == measured
+  assert flops.mfu(2e12, 2.0, 1e12) == pytest.approx(1.0)
+  assert flops.mfu(1e12, 1.0, 1e12, num_devices=4) == pytest.approx(0.25)

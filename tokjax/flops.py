@@ -1,0 +1,135 @@
+"""Analytic FLOPs of a training step, accelerator peak FLOP/s, and model FLOP utilisation (MFU).
+
+Counted: matrix multiplies (2 FLOPs per multiply-add) of the forward pass, times 3 for training
+(backward = 2x forward); elementwise work (norms, softmax, GELU, the optimizer) is left out, as in
+the usual 6 N D accounting. Per sequence of L bytes:
+
+  block on n positions, width d, MLP hidden F, k keys per query:
+      8 n d^2 (q, k, v, out) + 6 n d F (GeGLU gate, up, down) + 4 n k d (scores, values)
+  hierarchical: encoder + decoder blocks on L bytes (sliding window W), main blocks on the chunks,
+      the boundary policy's projection 2 L d w, two LM heads (early exit, final) 2 x 2 L d V
+  flat: blocks on L bytes, one LM head.
+
+Two counts, both from `step_flops`:
+  * model FLOPs (`rate` given): the work the method needs. The main network runs on the REALISED
+    number of chunks, rate x L per sequence (the train step's metrics carry `rate`), with causal
+    attention over the chunks so far; byte layers see min(t + 1, W) keys. This is the count for MFU.
+  * executed FLOPs (`rate=None`): what the compiled step computes. The main network runs on all
+    `capacity` chunk slots with full C x C scores, and blocked sliding-window attention scores 2W
+    keys per query. This is the count XLA's cost_analysis reports (tests/test_flops.py checks it to
+    10% on CPU).
+"""
+
+import time
+
+from tokjax.data import VOCAB_SIZE
+
+TRAIN_MULTIPLIER = 3  # Forward + backward (gradients w.r.t. activations and weights).
+
+# Dense bf16 peak FLOP/s per device as jax enumerates devices (one GPU, one TPU chip; per TensorCore
+# where a chip shows as two devices, as v4 without megacore). Vendor datasheets, no sparsity.
+PEAK_FLOPS = {
+    'NVIDIA H100': 989e12,  # SXM; the PCIe card is 756e12.
+    'NVIDIA H200': 989e12,
+    'NVIDIA A100': 312e12,
+    'TPU v4': 275e12,
+    'TPU v5 lite': 197e12,  # v5e
+    'TPU v5e': 197e12,
+    'TPU v5': 459e12,  # v5p
+    'TPU v5p': 459e12,
+    'TPU v6 lite': 918e12,  # v6e (Trillium)
+    'TPU v6e': 918e12,
+}
+
+
+def _block(n: float, d: int, hidden: int, keys: float) -> float:
+  """Forward FLOPs of one transformer block on n positions with `keys` keys per query on average."""
+  return 8 * n * d * d + 6 * n * d * hidden + 4 * n * keys * d
+
+
+def _window_keys(seq_len: int, window: int, executed: bool) -> float:
+  """Mean keys per query of a byte layer: sliding window W (0 = full causal)."""
+  if window <= 0:
+    return seq_len if executed else (seq_len + 1) / 2
+  if executed:
+    # Blocked local attention scores a 2W-key frame per query; short rows take the dense path.
+    return 2 * window if seq_len > 2 * window else seq_len
+  return sum(min(t + 1, window) for t in range(seq_len)) / seq_len
+
+
+def forward_flops_per_sequence(config, rate=None) -> float:
+  """Forward FLOPs of one sequence of config.data.seq_len bytes (see the module docstring)."""
+  m, seq = config.model, config.data.seq_len
+  d, v = m.d_model, VOCAB_SIZE
+  executed = rate is None
+  if m.kind == 'flat':
+    keys = _window_keys(seq, m.byte_window, executed)
+    return m.num_layers * _block(seq, d, m.mlp_ratio * d, keys) + 2 * seq * d * v
+  byte_keys = _window_keys(seq, m.byte_window, executed)
+  byte = (m.encoder_layers + m.decoder_layers) * _block(seq, d, m.byte_mlp_ratio * d, byte_keys)
+  if executed:
+    chunks, chunk_keys = float(m.capacity), float(m.capacity)
+  else:
+    chunks = float(rate) * seq
+    chunk_keys = (chunks + 1) / 2
+  main = m.main_layers * _block(chunks, d, m.main_mlp_ratio * d, chunk_keys)
+  window = config.boundary.window if config.boundary.method == 'policy' else 0
+  policy = 2 * seq * d * window
+  heads = 2 * (2 * seq * d * v)
+  return byte + main + policy + heads
+
+
+def step_flops(config, rate=None) -> float:
+  """Training FLOPs of one step of the global batch (config.data.batch_size x seq_len bytes).
+
+  rate: the step's realised chunks per byte (metrics['rate']) for model FLOPs; None for the FLOPs
+  the compiled step executes (every chunk slot of the capacity).
+  """
+  return TRAIN_MULTIPLIER * config.data.batch_size * forward_flops_per_sequence(config, rate)
+
+
+def flops_per_byte(config, rate=None) -> float:
+  """Training FLOPs per training byte (rate as in `step_flops`; default model count at target rate)."""
+  return TRAIN_MULTIPLIER * forward_flops_per_sequence(config, rate) / config.data.seq_len
+
+
+def peak_flops(device=None, cpu_peak=None) -> float | None:
+  """Peak FLOP/s of one device (jax.devices()[0] by default) from PEAK_FLOPS by its device_kind.
+
+  GPU names match by prefix ('NVIDIA H100 80GB HBM3' -> H100). A CPU has no table entry: pass
+  `cpu_peak` (e.g. from measure_matmul_peak()) or get None.
+  """
+  if device is None:
+    import jax  # pylint: disable=g-import-not-at-top
+
+    device = jax.devices()[0]
+  if device.platform == 'cpu':
+    return cpu_peak
+  kind = device.device_kind
+  if kind in PEAK_FLOPS:
+    return PEAK_FLOPS[kind]
+  for name in sorted(PEAK_FLOPS, key=len, reverse=True):
+    if kind.startswith(name):
+      return PEAK_FLOPS[name]
+  return None
+
+
+def measure_matmul_peak(n: int = 1024, dtype='float32', repeats: int = 5) -> float:
+  """Best-of-`repeats` FLOP/s of an n x n x n matmul on the default device (the CPU's fp32 peak)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
+  f = jax.jit(lambda x, y: x @ y)
+  f(a, b).block_until_ready()
+  best = float('inf')
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    f(a, b).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  return 2 * n**3 / best
+
+
+def mfu(flops_per_step: float, step_seconds: float, peak_per_device: float, num_devices: int = 1):
+  """Model FLOP utilisation: achieved FLOP/s over the devices' peak."""
+  return flops_per_step / step_seconds / (peak_per_device * num_devices)
