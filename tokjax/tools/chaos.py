@@ -11,7 +11,7 @@ the others, order and moments drawn with --seed):
 
   compile       after the run prints its header line, within the reference compile time
   mid_step      a random fraction of a step time after a random step's progress line
-  during_save   while orbax writes a random checkpoint step (its temporary folder exists)
+  during_save   while orbax writes a random checkpoint step (in the first half of a typical save)
   after_save    a random fraction of a step time after a checkpoint step is complete
 
 and is resumed with `--resume` (a launch killed before any checkpoint existed starts again from
@@ -92,6 +92,7 @@ class Launch:
   kill_note: str = ''
   killed_at: float | None = None
   last_step_at_kill: int | None = None
+  checkpoint_at_kill: int | None = None  # Latest complete checkpoint step when killed.
   saving_at_kill: list[int] = dataclasses.field(default_factory=list)
   returncode: int | None = None
   wall: float = 0.0
@@ -176,6 +177,7 @@ def launch(command, workdir, log_path, trigger=None, timeout=3600.0) -> Launch:
         os.kill(proc.pid, signal.SIGKILL)
         rec.killed_at, rec.kill_note = now, note
         rec.last_step_at_kill = max(rec.steps, default=None)
+        rec.checkpoint_at_kill = latest_step(workdir)
         rec.saving_at_kill = sorted(
             int(m.group(1)) for n in _listdir(ckpt) if (m := _TMP_STEP.match(n))
         )
@@ -230,13 +232,14 @@ def make_trigger(kind, rng: random.Random, cal: Calibration, config, resumed: in
         return f'{delay:.2f}s after the progress line of step {target} ({u:.0%} of a step)'
 
   elif kind == 'during_save':
-    target, delay = rng.choice(saves), u * cal.save_s
+    # Within the first half of a typical save, so that most of these kills find the save running.
+    target, delay = rng.choice(saves), u * cal.save_s / 2
 
     def trigger(rec, now):
       if target in rec.save_done:  # Saved faster than this process could look.
         return f'just after step {target} was saved (its save ended before the kill moment)'
       if target in rec.save_start and now >= rec.save_start[target] + delay:
-        return f'while saving step {target}, {delay:.2f}s after its temporary folder appeared'
+        return f'while saving step {target}, {delay:.3f}s after its temporary folder appeared'
 
   elif kind == 'after_save':
     target = rng.choice([s for s in saves if s < total] or saves)
