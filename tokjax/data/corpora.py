@@ -2,6 +2,7 @@
 
 A spec is one of:
   "stdlib"                 this Python's standard library .py files (no download)
+  "stdlib_docs"            English from the standard library: its long docstrings and pydoc topics
   "shakespeare", "bible"   prepared with `python -m tokjax.data.prepare NAME`
   "hf:fineweb", "hf:codeparrot"   Hugging Face streaming (`pip install -e .[hf]`)
   "hf:PATH.parquet", "hf:PATH.jsonl[#FIELD]"   local table, field "text" by default
@@ -13,6 +14,7 @@ Documents are raw bytes, never decoded. Long documents are cut into
 pseudo-documents at newlines, because train/val/test splits are by document.
 """
 
+import ast
 from collections.abc import Iterable, Iterator
 import glob
 import json
@@ -70,6 +72,38 @@ def stdlib_files() -> list[Path]:
   return sorted(files)
 
 
+def stdlib_docstrings(min_chars: int = 200) -> Iterator[bytes]:
+  """English embedded in the standard library, as UTF-8 documents in a fixed order (no download).
+
+  One document per module (sorted by path): its module, class and function docstrings longer than
+  `min_chars` characters, in source order, dedented, separated by blank lines. Then one document per
+  topic of `pydoc_data/topics.py` (the language reference `help()` shows), in file order.
+  """
+  kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+  topics = None
+  for path in stdlib_files():
+    if path.parts[-2:] == ("pydoc_data", "topics.py"):
+      topics = path
+      continue
+    try:
+      tree = ast.parse(path.read_bytes())
+    except (SyntaxError, ValueError):
+      continue  # A stdlib file this Python cannot parse carries no docstrings we can read.
+    nodes = sorted(
+        (n for n in ast.walk(tree) if isinstance(n, kinds)),
+        key=lambda n: getattr(n, "lineno", 0),
+    )
+    docs = [d for d in map(ast.get_docstring, nodes) if d and len(d) > min_chars]
+    if docs:
+      yield "\n\n".join(docs).encode("utf-8", errors="surrogatepass") + b"\n"
+  if topics is not None:
+    tree = ast.parse(topics.read_bytes())
+    for node in tree.body:
+      if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+        for text in ast.literal_eval(node.value).values():
+          yield text.encode("utf-8", errors="surrogatepass")
+
+
 def load_documents(
     spec: str = "stdlib", *, data_dir: str | None = None, max_bytes: int | None = None
 ) -> list[bytes]:
@@ -123,6 +157,8 @@ def _capped(raw_documents: Iterator[bytes], spec: str, max_bytes: int | None) ->
 def _raw_documents(spec: str, data_dir: str | None) -> Iterator[bytes]:
   if spec == "stdlib":
     return (p.read_bytes() for p in stdlib_files())
+  if spec == "stdlib_docs":
+    return stdlib_docstrings()
   if spec in prepare.CORPUS_FILES:
     path = prepare.corpus_path(spec, data_dir)
     if not path.is_file():

@@ -1,0 +1,1 @@
+"""Tools that exercise a whole training run from outside (fault injection)."""
