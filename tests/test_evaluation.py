@@ -32,6 +32,7 @@ def test_prf_and_labels():
       '1.2346 +- 0.0123 s.e. (ratio estimator over documents)'
   )
   assert evaluation.SE_LABEL in evaluation.format_bpb(1.0, 0.1).replace('0.1000 ', '')
+  assert evaluation.format_bpb(1.0, float('nan')) == '1.0000 (one document: no s.e.)'
 
 
 def test_document_ids_and_batch_positions_follow_the_packed_stream():

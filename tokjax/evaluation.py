@@ -192,5 +192,8 @@ def scalars(results: dict) -> dict:
 
 
 def format_bpb(bpb: float, se: float, digits: int = 4) -> str:
-  """'1.2345 +- 0.0123 s.e. (ratio estimator over documents)'."""
+  """'1.2345 +- 0.0123 s.e. (ratio estimator over documents)'; without a standard error (fewer than
+  two documents) '1.2345 (one document: no s.e.)'."""
+  if math.isnan(se):
+    return f'{bpb:.{digits}f} (one document: no s.e.)'
   return f'{bpb:.{digits}f} +- {se:.{digits}f} s.e. (ratio estimator over documents)'

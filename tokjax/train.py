@@ -234,6 +234,7 @@ class StopSignals:
   def _handle(self, signum, frame):
     del frame
     if self.signum is not None:
+      print(f'\nsecond {signal.Signals(signum).name}: exiting at once', file=sys.stderr, flush=True)
       os._exit(128 + signum)  # pylint: disable=protected-access
     self.signum = signum
     print(

@@ -195,7 +195,8 @@ def write_outputs(out_dir, results, meta, passage):
       'whitespace bytes that end a chunk) are on test, sampled. Train B/s: median over log '
       'intervals (on the machine and cores the command ran on).',
       '',
-      '| method | params | val bpb | test bpb | rate | bytes/chunk | ws fraction | train B/s | wall s |',
+      '| method | params | val bpb +- s.e. | test bpb +- s.e. | rate | bytes/chunk | ws fraction | '
+      'train B/s | wall s |',
       '|---|---|---|---|---|---|---|---|---|',
   ]
   for r in results:
