@@ -1,7 +1,9 @@
 r"""The paper's main model: 147M parameters on FineWeb sample-100BT, score-function boundaries (w = 8).
 
-  python -m tokjax.train --config configs/paper_147m_fineweb.py   # on a TPU pod slice or GPU node
-  (see launch/README.md; needs `pip install -e .[hf]` and network access to the Hugging Face hub)
+  python -m tokjax.data.prepare hf:fineweb --out data/fineweb_147m --max_bytes 6600000000   # once
+  python -m tokjax.train --config configs/paper_147m_fineweb.py   # then train (launch/README.md)
+  (prepare needs `pip install -e .[hf]` and the hub; it wrote 5 GB of local text at 32 MB/s,
+  results/data/README.md; from the hub the network bounds it. The folder may be a gs:// URL.)
 
 d_model 768, 12 heads, encoder/main/decoder 4/12/4, sequence 4096 bytes, 128 sequences per step,
 lr 1.5e-3 (warmup from 0.15e-3, cosine to 0), AdamW, bf16 compute, grad-clip 1.0, 6e9 training bytes
@@ -17,4 +19,5 @@ from tokjax.config_defaults import paper_config
 def get_config():
   c = paper_config('147m')
   c.train.workdir = 'runs/paper_147m_fineweb'
+  c.data.corpus = 'prepared:data/fineweb_147m'  # Written once by the prepare command above.
   return c

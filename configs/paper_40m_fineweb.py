@@ -1,6 +1,9 @@
 r"""The paper's ablation model: 40M parameters on FineWeb, the full method (w = 8).
 
-  python -m tokjax.train --config configs/paper_40m_fineweb.py   # on accelerators, see launch/
+  python -m tokjax.data.prepare hf:fineweb --out data/fineweb_40m --max_bytes 1650000000   # once
+  python -m tokjax.train --config configs/paper_40m_fineweb.py   # then train (launch/)
+  (prepare needs `pip install -e .[hf]` and the hub; it wrote 5 GB of local text at 32 MB/s,
+  results/data/README.md; from the hub the network bounds it. The folder may be a gs:// URL.)
 
 d_model 512, 8 heads, encoder/main/decoder 4/6/4, sequence 4096, batch 64, lr 2.4e-3, 1.5e9 bytes
 (5,722 steps), bf16, target rate 0.2. The five ablations are configs/ablation_*.py, each this config
@@ -15,4 +18,5 @@ from tokjax.config_defaults import paper_config
 def get_config():
   c = paper_config('40m')
   c.train.workdir = 'runs/paper_40m_fineweb'
+  c.data.corpus = 'prepared:data/fineweb_40m'  # Written once by the prepare command above.
   return c

@@ -1,6 +1,9 @@
 r"""The paper's code model: 90M parameters on CodeParrot (documents >= 4096 bytes), score function.
 
-  python -m tokjax.train --config configs/paper_90m_codeparrot.py   # on accelerators, see launch/
+  python -m tokjax.data.prepare hf:codeparrot --out data/codeparrot --max_bytes 3740000000  # once
+  python -m tokjax.train --config configs/paper_90m_codeparrot.py   # then train (launch/)
+  (prepare needs `pip install -e .[hf]` and the hub; it wrote 5 GB of local text at 32 MB/s,
+  results/data/README.md; from the hub the network bounds it. The folder may be a gs:// URL.)
 
 d_model 768, 12 heads, encoder/main/decoder 4/6/4, sequence 4096, batch 128, lr 2e-3, 3.4e9 bytes
 (6,484 steps), bf16, w = 8, target rate 0.2.
@@ -13,4 +16,5 @@ from tokjax.config_defaults import paper_config
 def get_config():
   c = paper_config('90m')
   c.train.workdir = 'runs/paper_90m_codeparrot'
+  c.data.corpus = 'prepared:data/codeparrot'  # Written once by the prepare command above.
   return c

@@ -2,8 +2,12 @@
 
 Modules:
   corpora: `load_documents(spec)` turns a corpus spec into a list of documents.
-  prepare: `python -m tokjax.data.prepare {shakespeare,bible}` downloads corpora.
-  pipeline: splits, packing, train iterator, eval batches, `build_data(config)`.
+  prepare: `python -m tokjax.data.prepare {shakespeare,bible}` downloads corpora;
+    `... prepare SPEC --out DIR` writes any corpus as ArrayRecord shards.
+  shards: the prepared-folder format: writing, checking, random-access reading.
+  pipeline: splits, packing, train iterator, eval batches, `build_data(config)`
+    (in memory, or 'prepared:DIR' by random access).
+  bench_prepared: start-up time and memory against corpus size (results/data/).
   compression: gzip / xz bits-per-byte reference numbers.
 
 This file only holds the byte vocabulary, so that importing it stays cheap
