@@ -38,3 +38,27 @@ def tiny_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp('tiny_run'))
   train.train(tiny_config(workdir))
   return workdir
+
+
+def tiny_flags(workdir: str, **overrides) -> list[str]:
+  """`tiny_config` as command-line flags of `python -m tokjax.train` (subprocess tests); configs/default.py
+  is `config_defaults.base_config()`, so the same overrides give the same config. overrides:
+  {'train__steps': 12} sets --config.train.steps=12."""
+  values = {
+      'model.d_model': 32,
+      'model.capacity': 32,
+      'data.seq_len': 64,
+      'data.batch_size': 4,
+      'data.max_bytes': 200_000,
+      'data.val_fraction': 0.1,
+      'data.test_fraction': 0.1,
+      'eval.batch_size': 4,
+      'eval.max_batches': 3,
+      'train.steps': 6,
+      'train.log_every': 3,
+      'train.eval_every': 3,
+      'train.checkpoint_every': 6,
+      'train.workdir': workdir,
+  }
+  values.update({k.replace('__', '.'): v for k, v in overrides.items()})
+  return ['--config=configs/default.py'] + [f'--config.{k}={v}' for k, v in values.items()]

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from tokjax import evaluation
 from tokjax.experiments import compare
 
 
@@ -14,11 +15,13 @@ def test_ratio_and_se_matches_the_pooled_ratio():
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   ce, n = np.array([10.0, 30.0, 20.0]), np.array([10.0, 20.0, 30.0])
-  bpb, se = compare.ratio_and_se(ce, n)
+  bpb, se = evaluation.ratio_and_se(ce, n)
   assert bpb == pytest.approx(60.0 / 60.0 / math.log(2))
   assert se > 0
   # Identical per-document rates have no spread.
-  assert compare.ratio_and_se(np.array([1.0, 2.0]), np.array([1.0, 2.0]))[1] == pytest.approx(0.0)
+  assert evaluation.ratio_and_se(np.array([1.0, 2.0]), np.array([1.0, 2.0]))[1] == pytest.approx(
+      0.0
+  )
 
 
 def test_compare_runs_every_method_end_to_end(tmp_path, monkeypatch):

@@ -9,14 +9,13 @@ import jax
 import numpy as np
 import pytest
 
-from tokjax import evaluate
-from tokjax.data import pipeline
+from tokjax import checkpointing, evaluate
 from tokjax.errors import UserError
 
 
 @pytest.fixture(scope='module')
 def ckpt(tiny_run):
-  return evaluate.load_checkpoint(tiny_run)
+  return checkpointing.load_checkpoint(tiny_run)
 
 
 def _last_val(run):
@@ -27,14 +26,18 @@ def _last_val(run):
 def test_reproduces_trainer_val_bpb(tiny_run, ckpt):
   val = _last_val(tiny_run)
   docs = evaluate.load_split(ckpt.config, None, 'val')['val']
-  res = evaluate.evaluate_docs(
-      ckpt, docs, evaluate.eval_key(ckpt.config), max_batches=ckpt.config.eval.max_batches
+  res = ckpt.evaluator.run(
+      ckpt.params,
+      docs,
+      checkpointing.eval_key(ckpt.config),
+      max_batches=ckpt.config.eval.max_batches,
   )
-  assert res['sample']['bpb'] == pytest.approx(val['bpb'], abs=1e-5)
-  assert res['greedy']['bpb'] == pytest.approx(val['greedy_bpb'], abs=1e-5)
+  for mode, prefix in (('sample', ''), ('greedy', 'greedy_')):
+    for k in ('bpb', 'bpb_se', 'rate', 'whitespace_recall', 'whitespace_precision'):
+      assert res[mode][k] == pytest.approx(val[prefix + k], abs=1e-6, nan_ok=True), (mode, k)
   # Another key draws other sampled boundaries, so the match above is not a coincidence of the key.
-  other = evaluate.evaluate_docs(
-      ckpt,
+  other = ckpt.evaluator.run(
+      ckpt.params,
       docs,
       jax.random.PRNGKey(123),
       modes=('sample',),
@@ -43,29 +46,19 @@ def test_reproduces_trainer_val_bpb(tiny_run, ckpt):
   assert other['sample']['bpb'] != pytest.approx(val['bpb'], abs=1e-5)
 
 
-def test_document_ids_follow_the_packed_stream():
-  docs = [b'abc', b'', b'hello world', b'x' * 70]
-  docs = [d for d in docs if d]
-  stream = pipeline.pack_documents(docs)
-  ids = evaluate.document_ids(docs)
-  assert len(ids) == len(stream)
-  for k, d in enumerate(docs):
-    assert bytes(stream[ids == k][1:].astype(np.uint8)) == d
-
-
 def test_per_document_figures_are_consistent(ckpt):
   docs = evaluate.load_split(ckpt.config, None, 'test')['test']
-  res = evaluate.evaluate_docs(ckpt, docs, jax.random.PRNGKey(0), modes=('greedy',))['greedy']
-  assert res['num_docs'] == len(docs)
+  res = ckpt.evaluator.run(ckpt.params, docs, jax.random.PRNGKey(0), modes=('greedy',))['greedy']
+  assert res['documents'] == len(docs)
   assert res['bytes'] == sum(map(len, docs))  # Every byte of the split is scored exactly once.
-  assert res['bpb_doc_se'] > 0 and np.isfinite(res['bpb_doc_mean'])
+  assert res['bpb_se'] > 0 and np.isfinite(res['bpb'])
   assert 0.0 <= res['rate'] <= 1.0
 
 
 def test_greedy_boundaries_are_deterministic(ckpt):
   docs = evaluate.load_split(ckpt.config, None, 'val')['val']
-  run = lambda seed, mode: evaluate.evaluate_docs(
-      ckpt, docs, jax.random.PRNGKey(seed), modes=(mode,), max_batches=2
+  run = lambda seed, mode: ckpt.evaluator.run(
+      ckpt.params, docs, jax.random.PRNGKey(seed), modes=(mode,), max_batches=2
   )[mode]
   a, b = run(0, 'greedy'), run(1, 'greedy')
   assert json.dumps(a) == json.dumps(b)  # json: NaN standard errors compare equal.
@@ -80,10 +73,11 @@ def test_report_files(tiny_run, tmp_path):
   assert saved['modes'].keys() == {'sample', 'greedy'}
   for m in saved['modes'].values():
     for ref in ('whitespace', 'bpe'):
-      assert all(0.0 <= m[ref][k] <= 1.0 for k in ('precision', 'recall', 'f1'))
+      assert all(0.0 <= m[f'{ref}_{k}'] <= 1.0 for k in ('precision', 'recall', 'f1'))
   assert 0.05 < saved['bpe']['rate'] < 1.0
   md = open(out + '.md').read()
   assert f"{report['modes']['sample']['bpb']:.4f}" in md and 'BPE reference' in md
+  assert 's.e. (ratio estimator over documents)' in md
 
 
 def _copy(run, tmp_path, name):
@@ -97,18 +91,18 @@ def _copy(run, tmp_path, name):
 
 def test_bad_checkpoint_folders(tiny_run, tmp_path):
   with pytest.raises(UserError, match='does not exist'):
-    evaluate.load_checkpoint(str(tmp_path / 'missing'))
+    checkpointing.load_checkpoint(str(tmp_path / 'missing'))
   (tmp_path / 'empty').mkdir()
   with pytest.raises(UserError, match='holds no checkpoint'):
-    evaluate.load_checkpoint(str(tmp_path / 'empty'))
+    checkpointing.load_checkpoint(str(tmp_path / 'empty'))
   run, step_dir = _copy(tiny_run, tmp_path, 'nocommit')
   os.remove(os.path.join(step_dir, 'commit_success.txt'))
-  with pytest.raises(UserError, match='partly written.*commit_success'):
-    evaluate.load_checkpoint(run)
+  with pytest.raises(UserError, match='step 6 .* unusable.*commit_success'):
+    checkpointing.load_checkpoint(run)
   run, step_dir = _copy(tiny_run, tmp_path, 'nostate')
   shutil.rmtree(os.path.join(step_dir, 'state'))
-  with pytest.raises(UserError, match='partly written.*"state"'):
-    evaluate.load_checkpoint(run)
+  with pytest.raises(UserError, match='step 6 .* unusable.*"state"'):
+    checkpointing.load_checkpoint(run)
 
 
 def test_checkpoint_from_another_config(tiny_run, tmp_path):
@@ -117,8 +111,8 @@ def test_checkpoint_from_another_config(tiny_run, tmp_path):
   cfg = json.load(open(meta))
   cfg['model']['d_model'] = 64
   json.dump(cfg, open(meta, 'w'))
-  with pytest.raises(UserError, match='does not fit its saved config|other shapes'):
-    evaluate.load_checkpoint(run)
+  with pytest.raises(UserError, match='does not fit its saved config|other parameter shapes'):
+    checkpointing.load_checkpoint(run)
 
 
 def test_checkpoint_from_a_larger_mesh_loads_on_this_machine(tiny_run, tmp_path, ckpt, capsys):
@@ -129,7 +123,7 @@ def test_checkpoint_from_a_larger_mesh_loads_on_this_machine(tiny_run, tmp_path,
   cfg = json.load(open(meta))
   cfg['mesh'].update(data=2, fsdp=2, tensor=2)
   json.dump(cfg, open(meta, 'w'))
-  moved = evaluate.load_checkpoint(run)
+  moved = checkpointing.load_checkpoint(run)
   assert 'does not fit' in capsys.readouterr().out
   assert (moved.config.mesh.data, moved.config.mesh.fsdp, moved.config.mesh.tensor) == (-1, 1, 1)
   assert moved.trainer.mesh.devices.size == jax.device_count()

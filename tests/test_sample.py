@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from tokjax import config_defaults, decoding, evaluate, models, sample
+from tokjax import checkpointing, config_defaults, decoding, models, sample
 from tokjax.errors import UserError
 
 
@@ -45,7 +45,7 @@ def test_cached_and_uncached_generation_agree(window, mode, temperature, top_k):
 
 
 def test_checkpoint_generation_and_bad_prompt(tiny_run):
-  ckpt = evaluate.load_checkpoint(tiny_run)
+  ckpt = checkpointing.load_checkpoint(tiny_run)
   runs = [
       sample.run_generation(
           ckpt.model,

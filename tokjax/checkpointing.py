@@ -1,19 +1,32 @@
-"""Orbax checkpoints of a run: the sharded train state, the grain iterator position and the config.
+"""Orbax checkpoints of a run: saving, validated restoring, and restoring a run for inspection.
 
 A checkpoint step directory holds `state` (restorable onto any mesh: pass an abstract state whose
 leaves carry the target shardings), `data` (the train iterator's state, so a resumed run sees exactly
 the batches an uninterrupted run would) and `config` (JSON, so tools can rebuild the model).
 Orbax writes each step to a temporary folder and renames it when complete, so an interrupted save
 never leaves a half-written step that `latest_step` would pick.
+
+Restoring validates each step it tries: a step whose items are missing or fail to load (a truncated
+array file, a missing `_METADATA`, a missing or unreadable config, an emptied data-iterator file) is
+reported in one line naming the step and the bad item, and the next older step is tried, unless a
+step was demanded (`step=`), which then either loads or raises UserError.
 """
 
+import dataclasses
+import functools
 import os
 
 import grain
+import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
+from tokjax import config_defaults, sharding, train_state
 from tokjax.errors import UserError
+
+
+class BadStep(Exception):
+  """A checkpoint step that cannot be used; the message names the step's bad item."""
 
 
 def manager(workdir: str, keep: int = 2, create: bool = True) -> ocp.CheckpointManager:
@@ -24,43 +37,265 @@ def manager(workdir: str, keep: int = 2, create: bool = True) -> ocp.CheckpointM
 
 
 def save(mgr, step: int, state, data_iterator, config) -> None:
+  """Saves step synchronously: it is complete on disk when this returns."""
   items = dict(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config.to_dict()))
   if data_iterator is not None:
     items['data'] = grain.checkpoint.CheckpointSave(data_iterator)
-  mgr.save(step, args=ocp.args.Composite(**items))
+  mgr.save(step, args=ocp.args.Composite(**items), force=True)
   mgr.wait_until_finished()
 
 
-def restore(mgr, abstract_state, data_iterator=None, step=None):
-  """Restores (state, step) from `step` (default: latest); advances data_iterator in place."""
-  step = mgr.latest_step() if step is None else step
+def step_problem(step_dir: str, items=('state', 'config')) -> str | None:
+  """Why a step folder is not a complete tokjax checkpoint (naming the bad item), or None."""
+  if not os.path.exists(os.path.join(step_dir, 'commit_success.txt')):
+    return 'has no commit_success.txt marker (the save did not finish)'
+  for item in items:
+    if not os.path.isdir(os.path.join(step_dir, item)):
+      return f'lacks its "{item}" item'
+  if 'state' in items and not os.path.exists(os.path.join(step_dir, 'state', '_METADATA')):
+    return 'lacks state/_METADATA (the state item is incomplete)'
+  if 'config' in items and not os.path.exists(os.path.join(step_dir, 'config', 'metadata')):
+    return 'lacks config/metadata (the config item is incomplete)'
+  if 'data' in items:
+    files = [f for f in os.listdir(os.path.join(step_dir, 'data')) if f.endswith('.json')]
+    if not files or any(os.path.getsize(os.path.join(step_dir, 'data', f)) == 0 for f in files):
+      return 'has an empty or missing data-iterator file in its "data" item'
+  return None
+
+
+def _first_line(e: Exception) -> str:
+  text = str(e).strip().splitlines()
+  return f'{type(e).__name__}: {text[0][:200]}' if text else type(e).__name__
+
+
+def _load_item(mgr, step: int, item: str, args):
+  """Restores one item of step, or raises BadStep naming it."""
+  try:
+    return getattr(mgr.restore(step, args=ocp.args.Composite(**{item: args})), item)
+  except Exception as e:  # pylint: disable=broad-except
+    # Orbax, tensorstore and grain raise many types for damaged files; all mean "this item is bad".
+    raise BadStep(f'its "{item}" item fails to load ({_first_line(e)})') from None
+
+
+def read_config(mgr, step: int) -> ml_collections.ConfigDict:
+  """The config saved with step (raises BadStep when it is missing or unreadable)."""
+  problem = step_problem(os.path.join(str(mgr.directory), str(step)), items=('config',))
+  if problem:
+    raise BadStep(problem)
+  cfg = _load_item(mgr, step, 'config', ocp.args.JsonRestore())
+  if not isinstance(cfg, dict) or 'model' not in cfg:
+    raise BadStep('its "config" item holds no tokjax config')
+  return ml_collections.ConfigDict(cfg)
+
+
+def _candidates(mgr, step: int | None) -> list[int]:
+  steps = sorted(mgr.all_steps(), reverse=True)
   if step is None:
-    raise UserError(f'no checkpoint in {mgr.directory}; train first or drop --resume.')
-  items = dict(state=ocp.args.StandardRestore(abstract_state))
-  if data_iterator is not None:
-    items['data'] = grain.checkpoint.CheckpointRestore(data_iterator)
-  restored = mgr.restore(step, args=ocp.args.Composite(**items))
-  return restored.state, step
-
-
-def load_config(checkpoint_dir: str) -> ml_collections.ConfigDict:
-  """The config saved with the latest checkpoint under a run folder (or its checkpoints/ folder)."""
-  root = checkpoint_dir
-  if os.path.isdir(os.path.join(root, 'checkpoints')):
-    root = os.path.join(root, 'checkpoints')
-  if not os.path.isdir(root):
+    return steps
+  if step not in steps:
     raise UserError(
-        f'checkpoint folder {checkpoint_dir} does not exist; pass the run folder '
+        f'{mgr.directory} has no checkpoint of step {step}; it has steps {sorted(steps)}.'
+    )
+  return [step]
+
+
+def _fallback(mgr, step: int, why: str, rest: list[int]) -> None:
+  nxt = f'using step {rest[0]} instead' if rest else 'no older step is left'
+  print(
+      f'warning: checkpoint step {step} in {mgr.directory} is unusable: {why}; {nxt}.', flush=True
+  )
+
+
+def restore(mgr, abstract_state, data_iterator=None, step=None):
+  """Restores (state, step) from `step`, or from the latest step that loads; advances
+  data_iterator in place. Damaged steps are reported and skipped (see the module docstring).
+
+  Raises UserError when there is no checkpoint, when the demanded step is damaged, or when no step
+  loads.
+  """
+  candidates = _candidates(mgr, step)
+  if not candidates:
+    raise UserError(f'no checkpoint in {mgr.directory}; train first or drop --resume.')
+  items = ('state', 'config') + (('data',) if data_iterator is not None else ())
+  for i, s in enumerate(candidates):
+    try:
+      problem = step_problem(os.path.join(str(mgr.directory), str(s)), items)
+      if problem:
+        raise BadStep(problem)
+      read_config(mgr, s)
+      state = _load_item(mgr, s, 'state', ocp.args.StandardRestore(abstract_state))
+      if data_iterator is not None:
+        _load_item(mgr, s, 'data', grain.checkpoint.CheckpointRestore(data_iterator))
+      return state, s
+    except BadStep as e:
+      if step is not None:
+        raise UserError(
+            f'checkpoint step {s} in {mgr.directory} is unusable: {e}; drop --step to use the '
+            'latest complete step.'
+        ) from None
+      _fallback(mgr, s, str(e), candidates[i + 1 :])
+  raise UserError(f'no checkpoint step in {mgr.directory} loads; train again.')
+
+
+def load_config(checkpoint_dir: str):
+  """The config saved with the latest readable checkpoint of a run folder (or its checkpoints/ folder).
+
+  Returns (config: ConfigDict, manager: a read-only CheckpointManager, step: int).
+  """
+  mgr = inspection_manager(checkpoint_dir)
+  for i, s in enumerate(_candidates(mgr, None)):
+    try:
+      return read_config(mgr, s), mgr, s
+    except BadStep as e:
+      _fallback(mgr, s, str(e), sorted(mgr.all_steps(), reverse=True)[i + 1 :])
+  raise UserError(
+      f'{checkpoint_dir} holds no complete checkpoint (empty or partly written); '
+      'point at a run folder with a finished save.'
+  )
+
+
+# ------------------------------------------------------------------------------------ inspection
+
+
+@dataclasses.dataclass
+class Checkpoint:
+  """A restored run: its saved config, a Trainer rebuilt from it, the params and the step."""
+
+  config: object
+  trainer: train_state.Trainer
+  params: dict
+  step: int
+  path: str
+
+  @property
+  def model(self):
+    return self.trainer.model
+
+  def steps(self) -> list[int]:
+    """The run folder's checkpoint steps, ascending."""
+    return sorted(inspection_manager(self.path).all_steps())
+
+  def at(self, step: int) -> 'Checkpoint':
+    """Another step of the same run, restored with this one's trainer (no rebuild, no recompile)."""
+    try:
+      return _load_step(inspection_manager(self.path), self.path, step, None, self.trainer)
+    except BadStep as e:
+      raise UserError(f'checkpoint step {step} of {self.path} is unusable: {e}.') from None
+
+  @functools.cached_property
+  def evaluator(self):
+    """The run's `evaluation.Evaluator` (its forwards compile once per checkpoint)."""
+    from tokjax import evaluation  # pylint: disable=g-import-not-at-top
+
+    return evaluation.Evaluator(self.trainer)
+
+
+def inspection_manager(path: str) -> ocp.CheckpointManager:
+  """A read-only manager of the run folder `path` (or its checkpoints/ folder)."""
+  if not os.path.exists(path):
+    raise UserError(
+        f'checkpoint folder {path} does not exist; pass the run folder '
         '(config.train.workdir) of a training run.'
     )
-  mgr = ocp.CheckpointManager(
-      os.path.abspath(root), options=ocp.CheckpointManagerOptions(read_only=True)
-  )
-  step = mgr.latest_step()
-  if step is None:
+  if not os.path.isdir(path):
+    raise UserError(f'--checkpoint {path} is a file; pass the run folder (config.train.workdir).')
+  sub = os.path.join(path, 'checkpoints')
+  root = sub if os.path.isdir(sub) else path
+  steps = [d for d in os.listdir(root) if d.isdigit() and os.path.isdir(os.path.join(root, d))]
+  if not steps:
     raise UserError(
-        f'{checkpoint_dir} holds no complete checkpoint (empty or partly written); '
-        'point at a run folder with a finished save.'
+        f'{path} holds no checkpoint (no step folders in {root}); train first with '
+        '`python -m tokjax.train --config.train.workdir=DIR`.'
     )
-  cfg = mgr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
-  return ml_collections.ConfigDict(cfg), mgr, step
+  return ocp.CheckpointManager(
+      os.path.abspath(root), options=ocp.CheckpointManagerOptions(create=False)
+  )
+
+
+def inspection_mesh(config):
+  """The run's own mesh when this machine's devices can form it, else all of them on the data axis.
+
+  A run trained on a pod slice (say data 16 x fsdp 4) is often inspected on a workstation: inspection
+  needs only the parameters, and the state restores onto any mesh (tests/test_sharding.py), so the
+  layout falls back instead of failing. config.mesh is updated to the mesh used.
+  """
+  try:
+    return sharding.make_mesh(config.mesh)
+  except UserError as e:
+    print(
+        f"note: the run's mesh does not fit {jax.device_count()} device(s) here ({e}); "
+        'using data=-1, fsdp=1, tensor=1.'
+    )
+    config.mesh.update(data=-1, fsdp=1, tensor=1)
+    return sharding.make_mesh(config.mesh)
+
+
+def _load_step(mgr, path: str, step: int, mesh, trainer=None) -> Checkpoint:
+  """One step of a run folder restored for inspection, or BadStep naming what is wrong.
+
+  trainer: reuse this one (another step of the same run) instead of building one from the config.
+  """
+  problem = step_problem(os.path.join(str(mgr.directory), str(step)))
+  if problem:
+    raise BadStep(problem)
+  config = read_config(mgr, step)
+  if trainer is not None:
+    config = trainer.config
+  else:
+    try:
+      config_defaults.validate(config)
+      trainer = train_state.Trainer(config, inspection_mesh(config) if mesh is None else mesh)
+    except (KeyError, AttributeError, TypeError, UserError) as e:
+      raise BadStep(
+          f'its "config" item does not describe a tokjax model this version builds ({e}); it may '
+          'come from another version of tokjax'
+      ) from None
+  try:
+    state = mgr.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(trainer.abstract_state))
+    ).state
+  except (ValueError, KeyError, TypeError) as e:
+    if 'shape' in str(e).lower() or isinstance(e, (KeyError, TypeError)):
+      raise BadStep(
+          f'its "state" item does not fit its saved config ({_first_line(e)}): the folder mixes '
+          'runs'
+      ) from None
+    raise BadStep(f'its "state" item fails to load ({_first_line(e)})') from None
+  except Exception as e:  # pylint: disable=broad-except
+    raise BadStep(f'its "state" item fails to load ({_first_line(e)})') from None
+  want = jax.tree.map(lambda x: x.shape, trainer.abstract_state.params)
+  got = jax.tree.map(lambda x: x.shape, state.params)
+  if want != got:
+    raise BadStep('its "state" item has other parameter shapes than its saved config builds')
+  return Checkpoint(config=config, trainer=trainer, params=state.params, step=int(step), path=path)
+
+
+def load_checkpoint(path: str, step: int | None = None, mesh=None) -> Checkpoint:
+  """Restores the params of `step` (default: the latest step that loads) of the run folder `path`.
+
+  A damaged latest step is reported on one line and the next older one is used; a demanded step
+  that is damaged, a missing or empty folder, or a folder whose steps all fail raise UserError.
+  mesh: default `inspection_mesh` of the saved config.
+  """
+  mgr = inspection_manager(path)
+  candidates = _candidates(mgr, step)
+  for i, s in enumerate(candidates):
+    try:
+      return _load_step(mgr, path, s, mesh)
+    except BadStep as e:
+      if step is not None or len(candidates) == 1:
+        hint = (
+            'drop --step to use the latest complete step'
+            if step is not None
+            else 'no other step to fall back to: train again'
+        )
+        raise UserError(
+            f'checkpoint step {s} in {mgr.directory} is unusable: {e}; {hint}.'
+        ) from None
+      _fallback(mgr, s, str(e), candidates[i + 1 :])
+  raise UserError(f'no checkpoint step in {path} loads; train again.')
+
+
+def eval_key(config):
+  """The key the trainer evaluates with (train.train splits PRNGKey(seed) into init, train, eval)."""
+  return jax.random.split(jax.random.PRNGKey(config.seed), 3)[2]

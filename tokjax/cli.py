@@ -1,12 +1,19 @@
-"""Command-line plumbing shared by tokjax's entry points: flags parsed, and user mistakes reported as
-one `error: ...` line with exit code 2 instead of a traceback."""
+"""Command-line plumbing shared by tokjax's entry points: flags parsed, a quiet terminal, and user
+mistakes reported as one `error: ...` line with exit code 2 instead of a traceback.
 
+Third-party INFO logs (absl, orbax, jax) are off by default: only warnings and errors show. absl's own
+`--verbosity` flag brings them back: `--verbosity=0` shows INFO, `--verbosity=1` DEBUG.
+"""
+
+import logging as std_logging
 import re
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 
-from tokjax.errors import UserError
+from tokjax.errors import Interrupted, UserError
+
+HELP_FLAGS = ('-h', '--help', '-?', '--helpshort', '--helpfull')
 
 
 def fail(message: str) -> None:
@@ -14,7 +21,40 @@ def fail(message: str) -> None:
   sys.exit(2)
 
 
+def quiet_logs() -> None:
+  """Warnings and errors only, unless --verbosity was given (absl would switch to INFO otherwise)."""
+  if 'verbosity' in flags.FLAGS and flags.FLAGS['verbosity'].present:
+    return
+  logging.set_verbosity(logging.WARNING)
+  std_logging.getLogger().setLevel(std_logging.WARNING)
+
+
+def _help(argv) -> None:
+  """--help and its variants print the command's flags and exit 0 (absl would exit 1)."""
+  if any(a in HELP_FLAGS for a in argv[1:]):
+    full = '--helpfull' in argv
+    text = flags.FLAGS.get_help() if full else flags.FLAGS.main_module_help()
+    doc = sys.modules['__main__'].__doc__ or ''
+    print((doc.strip() + '\n\n' if doc else '') + (text or flags.FLAGS.get_help()))
+    sys.exit(0)
+
+
+def _config_error(e: BaseException) -> str:
+  if isinstance(e, SyntaxError):
+    where = f'{e.filename}, line {e.lineno}' if e.filename else f'line {e.lineno}'
+    return f'the config file has a syntax error ({e.msg}, {where}); fix it and rerun.'
+  lines = str(e).strip().splitlines()
+  reason = (re.findall(r'\[Errno \d+\] ([^\n]*)', str(e)) or [lines[-1].strip() if lines else ''])[
+      -1
+  ]
+  return (
+      f'cannot load the config file: {reason or type(e).__name__}. Pass an existing config, e.g. '
+      '--config=configs/default.py.'
+  )
+
+
 def _parse(argv):
+  _help(argv)
   try:
     args = flags.FLAGS(argv)
     for name in ('config',):  # Config files load lazily: load now, so a bad path is reported here.
@@ -22,7 +62,12 @@ def _parse(argv):
         _ = flags.FLAGS[name].value.keys()
     return args
   except flags.Error as e:
+    cause = e.__cause__ or e.__context__
+    if isinstance(cause, SyntaxError):
+      fail(_config_error(cause))
     fail(f'{e}. Run with --helpshort to see the flags.')
+  except SyntaxError as e:
+    fail(_config_error(e))
   except (AttributeError, KeyError) as e:
     key = next(
         (
@@ -34,22 +79,25 @@ def _parse(argv):
     )
     fail(f'unknown config key {key or e}; check the field names in tokjax/config_defaults.py.')
   except (IOError, OSError) as e:
-    reason = re.findall(r'\[Errno \d+\] ([^\n]*)', str(e)) or [str(e).splitlines()[-1].strip()]
-    fail(
-        f'cannot load the config file: {reason[-1]}. Pass an existing config, e.g. '
-        '--config=configs/default.py.'
-    )
+    fail(_config_error(e))
+  except (NameError, ImportError, TypeError, ValueError) as e:
+    fail(f'cannot load the config file: {type(e).__name__}: {str(e).splitlines()[0][:200]}.')
 
 
 def run(main) -> None:
-  """app.run(main) with friendly flag errors, and UserError from main printed as one line."""
+  """app.run(main) with friendly flag errors, quiet third-party logs, UserError from main printed as
+  one line, and an `Interrupted` run (SIGTERM/SIGINT) exiting with its own code and one line."""
 
   def wrapped(argv):
+    quiet_logs()
     if len(argv) > 1:
       fail(f'unexpected arguments {argv[1:]}; every option is a --flag.')
     try:
       main(argv)
     except UserError as e:
       fail(str(e))
+    except Interrupted as e:
+      print(str(e), file=sys.stderr, flush=True)
+      sys.exit(e.exit_code)
 
   app.run(wrapped, flags_parser=_parse)

@@ -1,9 +1,19 @@
-"""The one exception type for mistakes a user can fix (bad corpus, bad config value, ...).
+"""The exceptions entry points turn into one line instead of a traceback.
 
-Entry points catch `UserError`, print its message on one line and exit non-zero, without a traceback.
-The message must say what is wrong and how to fix it.
+`UserError`: a mistake a user can fix (bad corpus, bad config value, ...); printed as `error: ...`,
+exit code 2. The message must say what is wrong and how to fix it.
+`Interrupted`: a run stopped by a signal after saving; its message says where and how to resume, and
+the process exits with 128 + the signal number (the shell convention: 143 for SIGTERM, 130 for SIGINT).
 """
 
 
 class UserError(Exception):
   """A problem with the user's input, with a message that says how to fix it."""
+
+
+class Interrupted(Exception):
+  """A run stopped by a signal, its state saved; the message says how to resume."""
+
+  def __init__(self, message: str, signum: int):
+    super().__init__(message)
+    self.exit_code = 128 + signum

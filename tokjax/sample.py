@@ -17,7 +17,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from tokjax import cli, decoding, evaluate, segmentation
+from tokjax import checkpointing, cli, decoding, segmentation
 from tokjax.errors import UserError
 
 
@@ -76,22 +76,27 @@ def main(argv):
   f = flags.FLAGS
   if not f.checkpoint:
     raise UserError('--checkpoint is required: pass the run folder of a training run.')
-  if f.prompt is None or not f.prompt.encode('utf-8'):
+  if f.prompt is None or not f.prompt:
     raise UserError('the prompt is empty; pass some text with --prompt="...".')
+  try:
+    prompt = f.prompt.encode('utf-8')
+  except UnicodeEncodeError:  # Undecodable argv bytes arrive as lone surrogates.
+    raise UserError(
+        '--prompt is not valid UTF-8 text; pass it in UTF-8 (check the terminal encoding).'
+    ) from None
   if f.num_bytes < 1:
     raise UserError(f'--num_bytes={f.num_bytes} must be at least 1.')
   if f.boundaries not in ('sample', 'greedy'):
     raise UserError(f'--boundaries={f.boundaries!r} is not valid; use sample or greedy.')
   if f.top_k < 0 or f.temperature < 0:
     raise UserError('--top_k and --temperature must not be negative.')
-  ckpt = evaluate.load_checkpoint(f.checkpoint, f.step)
+  ckpt = checkpointing.load_checkpoint(f.checkpoint, f.step)
   if ckpt.config.model.kind != 'hierarchical':
     raise UserError(
         f'{f.checkpoint} holds a flat model; generation with boundaries needs a '
         'hierarchical one.'
     )
   decoding.check_supported(ckpt.model)
-  prompt = f.prompt.encode('utf-8')
   total = len(prompt) + 1 + f.num_bytes
   if total > ckpt.config.data.seq_len:
     print(
@@ -115,7 +120,7 @@ def main(argv):
     )
   res = runs[paths[0]]
   print(f'--- {f.boundaries} boundaries, | ends a chunk; prompt: {len(prompt)} bytes ---')
-  print(res['marked'])
+  print(segmentation.render(res['text'], res['actions'], terminal=True))
   print('---')
   for cached, r in runs.items():
     name = 'cached' if cached else 'uncached'

@@ -23,7 +23,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from tokjax import cli, evaluate, segmentation
+from tokjax import checkpointing, cli, segmentation
 from tokjax.errors import UserError
 
 
@@ -122,7 +122,7 @@ def segment_file(
   if mode not in ('greedy', 'sample'):
     raise UserError(f'--mode={mode!r} is not valid; use greedy or sample.')
   text = read_text(file)
-  ckpt = evaluate.load_checkpoint(checkpoint, step)
+  ckpt = checkpointing.load_checkpoint(checkpoint, step)
   config = ckpt.config
   if config.model.kind != 'hierarchical':
     raise UserError(
@@ -186,7 +186,11 @@ def main(argv):
       f'{len(res["offsets"])} chunks over {n} bytes ({n / max(len(res["offsets"]), 1):.2f} bytes '
       'per chunk); first lines:'
   )
-  print(segmentation.render(res['text'][:400], res['actions'][:400], f.delimiter, max_lines=6))
+  print(
+      segmentation.render(
+          res['text'][:400], res['actions'][:400], f.delimiter, max_lines=6, terminal=True
+      )
+  )
   print('wrote', *res['paths'].values())
 
 

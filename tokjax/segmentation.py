@@ -37,16 +37,37 @@ def split_chunks(text: bytes, actions) -> list[bytes]:
   return chunks
 
 
-def render(text: bytes, actions, delimiter: str = '|', max_lines: int | None = None) -> str:
-  """Text with `delimiter` after each chunk's last byte (newline chunks keep the line layout)."""
-  shown = delimiter.join(c.decode('utf-8', errors='replace') for c in split_chunks(text, actions))
+def escape(chunk: bytes) -> str:
+  r"""chunk as terminal-safe text: invalid UTF-8 bytes and control characters other than newline and
+  tab shown as \xNN escapes, so a binary corpus cannot drive the terminal."""
+  out = chunk.decode('utf-8', errors='backslashreplace')
+  return ''.join(
+      f'\\x{ord(c):02x}' if (ord(c) < 32 and c not in '\n\t') or 127 <= ord(c) < 160 else c
+      for c in out
+  )
+
+
+def render(
+    text: bytes,
+    actions,
+    delimiter: str = '|',
+    max_lines: int | None = None,
+    terminal: bool = False,
+) -> str:
+  """Text with `delimiter` after each chunk's last byte (newline chunks keep the line layout).
+
+  terminal: escape non-printable bytes (see `escape`) for printing; otherwise invalid UTF-8 becomes
+  U+FFFD, as in the files `tokjax.segment` writes.
+  """
+  decode = escape if terminal else (lambda c: c.decode('utf-8', errors='replace'))
+  shown = delimiter.join(decode(c) for c in split_chunks(text, actions))
   lines = shown.split('\n')
   return '\n'.join(lines[:max_lines] if max_lines else lines)
 
 
 def preview(text: bytes, actions, width: int = 110) -> str:
   """One line: the first `width` bytes rendered with '|' at chunk ends and newlines shown as '⏎'."""
-  return render(text[:width], actions[:width]).replace('\n', '⏎')
+  return render(text[:width], actions[:width], terminal=True).replace('\n', '⏎')
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,14 +1,23 @@
 r"""Train a tokjax model from a config file.
 
-  python -m tokjax.train --config configs/default.py [--config.train.steps=1000] [--resume]
+  python -m tokjax.train --config configs/default.py [--config.train.steps=1000] [--resume [--step N]]
+      [--overwrite] [--verbosity=0]
 
 Writes into config.train.workdir: metrics.jsonl, TensorBoard events (tensorboard/), orbax checkpoints
 (checkpoints/), curves.png, and at the end prints val bits-per-byte beside the gzip -9 / xz -9 figures
 of the same split and, for a hierarchical model, the learned segmentation of held-out text.
+
+--resume continues from the latest checkpoint that loads (a damaged one is reported and skipped;
+--step=N demands step N); the metrics logged after that step are dropped and logged again. SIGTERM or
+SIGINT (Ctrl-C) finishes the current step, saves a checkpoint and exits with 128 + the signal number,
+printing how to resume; a second signal exits at once. Third-party INFO logs show with --verbosity=0.
 """
 
-import math
 import os
+import shlex
+import shutil
+import signal
+import sys
 import time
 
 from absl import flags
@@ -20,13 +29,14 @@ from tokjax import (
     cli,
     config_defaults,
     distributed,
+    evaluation,
     segmentation,
     sharding,
     train_state,
 )
 from tokjax.data import pipeline
-from tokjax.errors import UserError
-from tokjax.metric_writers import MetricWriter, plot_curves
+from tokjax.errors import Interrupted, UserError
+from tokjax.metric_writers import MetricWriter, plot_curves, read_metrics
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
   _CONFIG = config_flags.DEFINE_config_file(
@@ -35,9 +45,18 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   _RESUME = flags.DEFINE_bool(
       'resume', False, 'Continue from the latest checkpoint in the workdir.'
   )
+  _STEP = flags.DEFINE_integer(
+      'step', None, 'With --resume: continue from this checkpoint step (newer steps are discarded).'
+  )
+  _OVERWRITE = flags.DEFINE_bool(
+      'overwrite', False, "Delete the workdir's metrics and checkpoints and train from scratch."
+  )
+
+RUN_FILES = ('metrics.jsonl', 'tensorboard', 'checkpoints', 'curves.png')
 
 
-def prepare_workdir(workdir: str, resume: bool) -> None:
+def prepare_workdir(workdir: str, resume: bool, overwrite: bool = False) -> None:
+  """Checks the workdir is writable and holds no other run (or clears it with overwrite)."""
   try:
     os.makedirs(workdir, exist_ok=True)
     probe = os.path.join(workdir, '.write_test')
@@ -49,30 +68,20 @@ def prepare_workdir(workdir: str, resume: bool) -> None:
         f'cannot write to workdir {workdir!r} ({e.strerror}); choose a writable folder '
         'with --config.train.workdir=PATH.'
     ) from None
+  if overwrite:
+    for name in RUN_FILES:
+      path = os.path.join(workdir, name)
+      if os.path.isdir(path):
+        shutil.rmtree(path)
+      elif os.path.exists(path):
+        os.remove(path)
+    return
   metrics = os.path.join(workdir, 'metrics.jsonl')
   if not resume and os.path.exists(metrics):
     raise UserError(
-        f'{workdir} already holds a run; pass --resume to continue it or choose a new '
-        '--config.train.workdir.'
+        f'{workdir} already holds a run; pass --resume to continue it, --overwrite to replace it, '
+        'or choose a new --config.train.workdir.'
     )
-
-
-def evaluate(trainer, params, batches, key, modes=('sample',)) -> dict:
-  """Bits-per-byte over `batches` (byte-weighted) and batch-averaged boundary metrics, per mode."""
-  out = {}
-  for mode in modes:
-    sums, ce, nbytes = {}, 0.0, 0.0
-    for i, batch in enumerate(batches):
-      # Eval batches are global (the same on every process): each process places its own rows.
-      batch = sharding.global_batch_from_global(batch, trainer.mesh)
-      m = jax.device_get(trainer.eval_step(params, batch, jax.random.fold_in(key, i), mode))
-      ce, nbytes = ce + float(m.pop('ce_sum')), nbytes + float(m.pop('bytes'))
-      for k, v in m.items():
-        sums[k] = sums.get(k, 0.0) + float(v)
-    prefix = '' if mode == 'sample' else f'{mode}_'
-    out.update({prefix + k: v / len(batches) for k, v in sums.items() if k not in ('bpb', 'loss')})
-    out[prefix + 'bpb'] = ce / max(nbytes, 1.0) / math.log(2)
-  return out
 
 
 def format_eta(seconds: float) -> str:
@@ -89,122 +98,277 @@ def show_segmentation(trainer, params, data, config, key) -> str:
         trainer.model, params, text, config.data.seq_len, key, mode
     )
     lines.append(f'--- {mode} boundaries ---')
-    lines.append(segmentation.render(shown, actions, max_lines=config.eval.segment_lines))
+    lines.append(
+        segmentation.render(shown, actions, max_lines=config.eval.segment_lines, terminal=True)
+    )
   return '\n'.join(lines)
 
 
-def train(config, resume: bool = False) -> dict:
-  """Runs training; returns the final val metrics. Raises UserError for fixable input problems."""
+class Reporter:
+  """What a training run shows and records: console lines, metrics.jsonl / TensorBoard, curves.png.
+
+  The loop calls `compiled` after the first step, `train_step` at log steps, `val` after each
+  evaluation and `finish` at the end. Per-step throughput is computed in one place, `throughput`.
+  """
+
+  def __init__(self, config, trainer, data, start_step: int, restored: bool):
+    self.config, self.trainer, self.data = config, trainer, data
+    self.hierarchical = config.model.kind == 'hierarchical'
+    self.total, self.start_step = config.train.steps, start_step
+    self.ref = data.reference_bpb('val')
+    self.writer = MetricWriter(
+        config.train.workdir,
+        enabled=jax.process_index() == 0,
+        restored_step=start_step if restored else None,
+    )
+    self.t0 = self.last_t = time.time()
+    self.last_step = start_step
+
+  def header(self, mesh) -> None:
+    c = self.config
+    print(
+        f'tokjax: {c.model.kind} model, {self.trainer.num_params / 1e6:.2f}M parameters, '
+        f'{len(jax.devices())} device(s) mesh {dict(mesh.shape)}, corpus {c.data.corpus!r} '
+        f'({sum(map(len, self.data.splits["train"])) / 1e6:.1f} MB train)',
+        flush=True,
+    )
+    print('compiling the train step...', flush=True)
+
+  def compiled(self, step: int) -> None:
+    """After the first step (compilation included): throughput counts from here on."""
+    print(f'compiled; step {step} done after {time.time() - self.t0:.1f} s', flush=True)
+    self.last_t, self.last_step = time.time(), step
+
+  def throughput(self, steps: int, seconds: float) -> dict:
+    """Per-step throughput of `steps` steps in `seconds`: the numbers logged and printed.
+
+    The hook for more throughput figures (model TFLOP/s, MFU): add them to the returned dict.
+    """
+    c = self.config.data
+    return {'bytes_per_s': steps * c.batch_size * c.seq_len / max(seconds, 1e-9)}
+
+  def train_step(self, done: int, metrics) -> None:
+    metrics = jax.device_get(metrics)
+    now = time.time()
+    speed = self.throughput(done - self.last_step, now - self.last_t)
+    eta = (self.total - done) * (now - self.t0) / max(done - self.start_step, 1)
+    self.writer.write(done, 'train', dict(metrics, **speed))
+    extra = (
+        f' | rate {metrics["rate"]:.3f} ws {metrics["whitespace_recall"]:.2f}'
+        if self.hierarchical
+        else ''
+    )
+    print(
+        f'step {done:>6}/{self.total} | {speed["bytes_per_s"] / 1e3:6.1f}k B/s | loss '
+        f'{metrics["loss"]:.4f} | bpb {metrics["bpb"]:.4f}{extra} | left {format_eta(eta)}',
+        flush=True,
+    )
+    self.last_t, self.last_step = now, done
+
+  def val(self, done: int, val: dict, params, key) -> None:
+    self.writer.write(done, 'val', val)
+    ref = self.ref
+    greedy = f' (greedy {val["greedy_bpb"]:.4f})' if self.hierarchical else ''
+    seg = (
+        f' | rate {val["rate"]:.3f} ws {val["whitespace_recall"]:.2f} greedy ws '
+        f'{val["greedy_whitespace_recall"]:.2f}'
+        if self.hierarchical
+        else ''
+    )
+    print(
+        f'  val bpb {evaluation.format_bpb(val["bpb"], val["bpb_se"])}{greedy} | gzip -9 '
+        f'{ref["gzip"]:.3f} xz -9 {ref["xz"]:.3f}{seg}',
+        flush=True,
+    )
+    if self.hierarchical:  # Watch the tokenization form: a held-out line with greedy boundaries.
+      shown, actions, _ = segmentation.boundaries_for(
+          self.trainer.model,
+          params,
+          self.data.splits['test'][0],
+          self.config.data.seq_len,
+          key,
+          'greedy',
+      )
+      print(f'  greedy: {segmentation.preview(shown, actions)}', flush=True)
+
+  def finish(self, val: dict, params, key, checkpoint_dir: str) -> None:
+    self.writer.close()
+    png = os.path.join(self.config.train.workdir, 'curves.png')
+    if self.writer.enabled:
+      plot_curves(self.writer.path, png)
+    print(
+        f'final val bpb {val["bpb"]:.4f} | gzip -9 {self.ref["gzip"]:.3f} | '
+        f'xz -9 {self.ref["xz"]:.3f} | wall {format_eta(time.time() - self.t0)}'
+    )
+    print(f'wrote {self.writer.path}, {png}, checkpoints in {checkpoint_dir}')
+    if self.hierarchical:
+      print('learned segmentation of held-out text (| ends a chunk):')
+      print(show_segmentation(self.trainer, params, self.data, self.config, key))
+
+
+class StopSignals:
+  """SIGTERM / SIGINT ask the loop to stop after the current step; a second signal exits at once.
+
+  With several processes, JAX's preemption service owns SIGTERM and orbax's `reached_preemption`
+  makes every host stop (and save) at the same step; only SIGINT is handled here then.
+  """
+
+  def __init__(self, mgr):
+    self.mgr, self.signum = mgr, None
+    self.multihost = jax.process_count() > 1
+    self.previous = {}
+
+  def __enter__(self):
+    sigs = (signal.SIGINT,) if self.multihost else (signal.SIGTERM, signal.SIGINT)
+    for s in sigs:
+      try:
+        self.previous[s] = signal.signal(s, self._handle)
+      except ValueError:  # Not the main thread: signals stay with the caller.
+        pass
+    return self
+
+  def __exit__(self, *exc):
+    for s, handler in self.previous.items():
+      signal.signal(s, handler)
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.signum is not None:
+      print(f'\nsecond {signal.Signals(signum).name}: exiting at once', file=sys.stderr, flush=True)
+      os._exit(128 + signum)  # pylint: disable=protected-access
+    self.signum = signum
+    print(
+        f'\nreceived {signal.Signals(signum).name}: finishing the step and saving a checkpoint '
+        '(send it again to exit at once)',
+        file=sys.stderr,
+        flush=True,
+    )
+
+  def stop(self, step: int) -> bool:
+    if self.multihost and self.mgr.reached_preemption(step):
+      self.signum = self.signum or signal.SIGTERM
+    return self.signum is not None
+
+
+def resume_command() -> str:
+  """The command line that resumes this run (the current one, with --resume and without --step)."""
+  args = [a for a in sys.argv[1:] if a not in ('--resume', '--overwrite', '--noresume')]
+  args = [a for a in args if not a.startswith('--step')]
+  return 'python -m tokjax.train ' + ' '.join(map(shlex.quote, args + ['--resume']))
+
+
+def initial_state(config, trainer, data, mgr, key, resume: bool, step: int | None):
+  """(state, restored: bool): the restored checkpoint with resume (dropping newer steps), else a
+  fresh init. Refuses to start fresh over a run's metrics without a checkpoint."""
+  workdir = config.train.workdir
+  if step is not None and not resume:
+    raise UserError('--step picks the checkpoint to resume from: pass --resume with it.')
+  if not resume:
+    return trainer.init(key), False
+  if not mgr.all_steps():
+    if os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
+      raise UserError(
+          f'{workdir} holds metrics but no checkpoint to resume from; pass --overwrite to start '
+          'the run again from scratch, or choose a new --config.train.workdir.'
+      )
+    print(f'note: no checkpoint in {mgr.directory}; --resume starts a fresh run.', flush=True)
+    return trainer.init(key), False
+  state, restored = checkpointing.restore(mgr, trainer.abstract_state, data.train_iter, step)
+  newer = [s for s in mgr.all_steps() if s > restored]
+  if newer:  # Damaged or abandoned steps: the resumed run writes its own.
+    print(f'note: discarding checkpoint steps {sorted(newer)} after step {restored}.', flush=True)
+    for s in newer:
+      shutil.rmtree(os.path.join(str(mgr.directory), str(s)), ignore_errors=True)
+    mgr.reload()
+  print(f'resumed from step {restored}', flush=True)
+  return state, True
+
+
+def train(config, resume: bool = False, step: int | None = None, overwrite: bool = False) -> dict:
+  """Runs training; returns the final val metrics. Raises UserError for fixable input problems and
+  Interrupted after saving when a stop signal arrives."""
   config_defaults.validate(config)
   distributed.maybe_initialize(config.mesh.get('multihost', 'auto'))  # Before anything touches JAX.
-  workdir = config.train.workdir
-  prepare_workdir(workdir, resume)
+  prepare_workdir(config.train.workdir, resume, overwrite)
   mesh = sharding.make_mesh(config.mesh)
   data = pipeline.build_data(config)
   trainer = train_state.Trainer(config, mesh)
-  hierarchical = config.model.kind == 'hierarchical'
-  ref = data.reference_bpb('val')
-  print(
-      f'tokjax: {config.model.kind} model, {trainer.num_params / 1e6:.2f}M parameters, '
-      f'{len(jax.devices())} device(s) mesh {dict(mesh.shape)}, corpus {config.data.corpus!r} '
-      f'({sum(map(len, data.splits["train"])) / 1e6:.1f} MB train)',
-      flush=True,
+  mgr = checkpointing.manager(config.train.workdir, config.train.keep_checkpoints)
+  init_key, train_key, eval_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
+  state, restored = initial_state(config, trainer, data, mgr, init_key, resume, step)
+  total, start = config.train.steps, int(state.step)
+  if start >= total:
+    return finished(config, start)
+  report = Reporter(config, trainer, data, start, restored)
+  report.header(mesh)
+  evaluator, val, bad_at_start = evaluation.Evaluator(trainer), {}, int(state.nonfinite)
+  every = lambda done, n: done % n == 0 or done == total
+  with StopSignals(mgr) as signals:
+    for done in range(start + 1, total + 1):
+      state, metrics = trainer.train_step(
+          state, sharding.global_batch(next(data.train_iter), mesh), train_key
+      )
+      if done == start + 1:
+        jax.block_until_ready(metrics)
+        report.compiled(done)
+      if every(done, config.train.log_every):
+        report.train_step(done, metrics)
+      t = config.train
+      if any(every(done, n) for n in (t.log_every, t.eval_every, t.checkpoint_every)):
+        check_finite(state, bad_at_start, done, mgr)
+      if every(done, t.eval_every):
+        val = evaluation.scalars(
+            evaluator.run(state.params, data.splits['val'], eval_key, batches=data.val_batches)
+        )
+        report.val(done, val, state.params, eval_key)
+      stop = signals.stop(done)
+      if every(done, t.checkpoint_every) or stop:
+        checkpointing.save(mgr, done, state, data.train_iter, config)
+      if stop and done < total:
+        report.writer.close()
+        raise Interrupted(
+            f'stopped by {signal.Signals(signals.signum).name} after step {done}: checkpoint saved '
+            f'in {mgr.directory}; resume with: {resume_command()}',
+            signals.signum,
+        )
+  report.finish(val, state.params, eval_key, str(mgr.directory))
+  return val
+
+
+def check_finite(state, bad_at_start: int, done: int, mgr) -> None:
+  """Stops the run when updates were skipped for a non-finite loss or gradient."""
+  if int(state.nonfinite) <= bad_at_start:
+    return
+  last = mgr.latest_step()
+  advice = (
+      f'checkpoint step {last} is intact: lower --config.optim.lr or use '
+      '--config.model.dtype=float32, then rerun with --resume to continue from it.'
+      if last is not None
+      else 'no checkpoint was saved yet: lower --config.optim.lr or use '
+      '--config.model.dtype=float32 and train again from scratch (add --overwrite).'
+  )
+  raise UserError(
+      f'the loss or gradient became NaN/inf before step {done} (those updates were skipped); '
+      + advice
   )
 
-  mgr = checkpointing.manager(workdir, config.train.keep_checkpoints)
-  key = jax.random.PRNGKey(config.seed)
-  init_key, train_key, eval_key = jax.random.split(key, 3)
-  if resume and mgr.latest_step() is not None:
-    state, step = checkpointing.restore(mgr, trainer.abstract_state, data.train_iter)
-    print(f'resumed from step {step}', flush=True)
-  else:
-    state = trainer.init(init_key)
-  writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
-  modes = ('sample', 'greedy') if hierarchical else ('sample',)
-  total, start_step = config.train.steps, int(state.step)
-  seq_bytes = config.data.batch_size * config.data.seq_len
-  t0, last_t, last_step, val = time.time(), time.time(), start_step, {}
-  nonfinite_at_start = int(state.nonfinite)
-  for step in range(start_step, total):
-    batch = sharding.global_batch(next(data.train_iter), mesh)
-    new_state, metrics = trainer.train_step(state, batch, train_key)
-    done = step + 1
-    if done % config.train.log_every == 0 or done == total:
-      metrics = jax.device_get(metrics)
-      now = time.time()
-      rate = (done - last_step) * seq_bytes / (now - last_t)
-      eta = (total - done) * (now - t0) / max(done - start_step, 1)
-      writer.write(done, 'train', dict(metrics, bytes_per_s=rate))
-      extra = (
-          f' | rate {metrics["rate"]:.3f} ws {metrics["whitespace_recall"]:.2f}'
-          if hierarchical
-          else ''
-      )
-      print(
-          f'step {done:>6}/{total} | {rate / 1e3:6.1f}k B/s | loss {metrics["loss"]:.4f} | '
-          f'bpb {metrics["bpb"]:.4f}{extra} | left {format_eta(eta)}',
-          flush=True,
-      )
-      last_t, last_step = now, done
-    state = new_state
-    boundary = (
-        any(
-            done % n == 0
-            for n in (
-                config.train.log_every,
-                config.train.eval_every,
-                config.train.checkpoint_every,
-            )
-        )
-        or done == total
-    )
-    if boundary and int(state.nonfinite) > nonfinite_at_start:
-      raise UserError(
-          f'the loss or gradient became NaN/inf before step {done} (those updates were '
-          f'skipped; checkpoint step {mgr.latest_step()} is intact): lower '
-          '--config.optim.lr or use --config.model.dtype=float32, then rerun with --resume.'
-      )
-    if done % config.train.eval_every == 0 or done == total:
-      val = evaluate(trainer, state.params, data.val_batches, eval_key, modes)
-      writer.write(done, 'val', val)
-      greedy = f' (greedy {val["greedy_bpb"]:.4f})' if hierarchical else ''
-      seg = (
-          f' | rate {val["rate"]:.3f} ws {val["whitespace_recall"]:.2f} greedy ws '
-          f'{val["greedy_whitespace_recall"]:.2f}'
-          if hierarchical
-          else ''
-      )
-      print(
-          f'  val bpb {val["bpb"]:.4f}{greedy} | gzip -9 {ref["gzip"]:.3f} xz -9 {ref["xz"]:.3f}'
-          f'{seg}',
-          flush=True,
-      )
-      if hierarchical:  # Watch the tokenization form: a held-out line with greedy boundaries.
-        text = data.splits['test'][0]
-        shown, actions, _ = segmentation.boundaries_for(
-            trainer.model, state.params, text, config.data.seq_len, eval_key, 'greedy'
-        )
-        print(f'  greedy: {segmentation.preview(shown, actions)}', flush=True)
-    if done % config.train.checkpoint_every == 0 or done == total:
-      checkpointing.save(mgr, done, state, data.train_iter, config)
-  writer.close()
-  png = os.path.join(workdir, 'curves.png')
-  if writer.enabled:
-    plot_curves(writer.path, png)
+
+def finished(config, step: int) -> dict:
+  """A resumed run that has nothing left to do: say so, and return its last val metrics."""
+  path = os.path.join(config.train.workdir, 'metrics.jsonl')
+  rows = read_metrics(path) if os.path.exists(path) else []
+  val = next((r for r in reversed(rows) if r['split'] == 'val' and r['step'] <= step), {})
+  shown = f'; its last val bpb is {val["bpb"]:.4f} (step {val["step"]})' if 'bpb' in val else ''
   print(
-      f'final val bpb {val.get("bpb", float("nan")):.4f} | gzip -9 {ref["gzip"]:.3f} | '
-      f'xz -9 {ref["xz"]:.3f} | wall {format_eta(time.time() - t0)}'
+      f'the run in {config.train.workdir} already finished: its checkpoint is at step {step} and '
+      f'config.train.steps={config.train.steps}{shown}. Raise --config.train.steps to train on.'
   )
-  print(f'wrote {writer.path}, {png}, checkpoints in {mgr.directory}')
-  if hierarchical:
-    print('learned segmentation of held-out text (| ends a chunk):')
-    print(show_segmentation(trainer, state.params, data, config, eval_key))
-  return val
+  return {k: v for k, v in val.items() if k not in ('step', 'split')}
 
 
 def main(argv):
   del argv
-  train(_CONFIG.value, resume=_RESUME.value)
+  train(_CONFIG.value, resume=_RESUME.value, step=_STEP.value, overwrite=_OVERWRITE.value)
 
 
 if __name__ == '__main__':

@@ -165,6 +165,12 @@ def make_eval_batches(
   Examples are ordered by a fixed permutation (seed 0), so that the first
   max_batches batches are a uniform sample of the split, not just its first
   documents. The last batch is filled with PAD rows whose mask is 0.
+
+  Besides inputs/targets/mask, each batch holds "example": int32[B], the index
+  of each row's example in the packed stream (-1 for PAD rows): input byte t of
+  row b sits at stream position example[b] * seq_len + t (`stream_positions`),
+  so evaluators can attribute every target to its document without
+  re-deriving the order. Model steps take only inputs/targets/mask.
   """
   _check_positive(seq_len=seq_len, batch_size=batch_size)
   stream = pack_documents(docs)
@@ -173,13 +179,30 @@ def make_eval_batches(
     order = order[: max_batches * batch_size]
   batches = []
   for start in range(0, len(order), batch_size):
-    batch = get_examples(stream, order[start : start + batch_size], seq_len=seq_len)
+    idx = order[start : start + batch_size]
+    batch = get_examples(stream, idx, seq_len=seq_len)
     pad = batch_size - len(batch["mask"])
     batch["inputs"] = np.pad(batch["inputs"], ((0, pad), (0, 0)), constant_values=PAD_ID)
     batch["targets"] = np.pad(batch["targets"], ((0, pad), (0, 0)), constant_values=PAD_ID)
     batch["mask"] = np.pad(batch["mask"], ((0, pad), (0, 0)))
+    batch["example"] = np.pad(idx.astype(np.int32), (0, pad), constant_values=-1)
     batches.append(batch)
   return batches
+
+
+def stream_positions(batch: dict[str, np.ndarray]) -> np.ndarray:
+  """int64[B, L]: the packed-stream position of each input byte of an eval batch (-1 on PAD rows)."""
+  example = batch["example"].astype(np.int64)[:, None]
+  seq_len = batch["inputs"].shape[1]
+  return np.where(example >= 0, example * seq_len + np.arange(seq_len), -1)
+
+
+MODEL_KEYS = ("inputs", "targets", "mask")
+
+
+def model_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The arrays a model step reads (inputs, targets, mask), without eval bookkeeping."""
+  return {k: batch[k] for k in MODEL_KEYS}
 
 
 @dataclasses.dataclass

@@ -25,10 +25,9 @@ import time
 
 from absl import flags, logging
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from tokjax import checkpointing, cli, config_defaults, models, segmentation, sharding, train_state
+from tokjax import checkpointing, cli, config_defaults, evaluation, models, segmentation
 from tokjax import train as train_lib
 from tokjax.data import pipeline
 from tokjax.errors import UserError
@@ -99,60 +98,16 @@ def match_flat_layers(flat_config, target: int) -> int:
   return min(range(1, 17), key=lambda n: abs(count(n) - target))
 
 
-def ratio_and_se(ce, nbytes):
-  """Bits-per-byte sum(ce) / sum(n) / ln 2 over documents and its standard error (ratio estimator,
-  documents as the sampling unit). ce, nbytes: float[D]."""
-  keep = nbytes > 0
-  ce, nbytes = ce[keep], nbytes[keep]
-  r = ce.sum() / nbytes.sum()
-  d = len(ce)
-  se = (
-      (math.sqrt(d / max(d - 1, 1) * np.sum((ce - r * nbytes) ** 2)) / nbytes.sum())
-      if d > 1
-      else float('nan')
-  )
-  return r / math.log(2), se / math.log(2)
-
-
 def capped(docs, max_docs: int, doc_bytes: int):
   """The first max_docs documents (0: all), each cut to its first doc_bytes bytes (0: whole)."""
   docs = docs[:max_docs] if max_docs else docs
   return [d[:doc_bytes] for d in docs] if doc_bytes else list(docs)
 
 
-def evaluate_documents(config, model, params, docs, key) -> dict:
-  """Per-document bits-per-byte (boundaries sampled) and byte-weighted boundary metrics of docs."""
-  l, b = config.data.seq_len, config.eval.batch_size
-  stream = pipeline.pack_documents(docs)
-  starts = np.flatnonzero(stream >= 256)  # BOS positions: document i starts at starts[i].
-  objective = models.objective(config, model, 'sample')
-  fn = jax.jit(lambda p, batch, k: objective(p, batch, k, jnp.asarray(1 << 30))[1])
-  n_ex = pipeline.num_examples(stream, l)
-  ce_doc, n_doc = np.zeros(len(docs)), np.zeros(len(docs))
-  sums, weight = {}, 0.0
-  for i, first in enumerate(range(0, n_ex, b)):
-    idx = np.arange(first, first + b)
-    batch = pipeline.get_examples(stream, idx, seq_len=l)
-    batch['mask'] *= (idx < n_ex)[:, None]
-    metrics, ce = jax.device_get(
-        fn(params, {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.fold_in(key, i))
-    )
-    target_pos = idx[:, None] * l + np.arange(l)[None, :] + 1
-    doc = np.searchsorted(starts, np.minimum(target_pos, len(stream) - 1), side='right') - 1
-    m = batch['mask'] > 0
-    np.add.at(ce_doc, doc[m], ce[m])
-    np.add.at(n_doc, doc[m], 1.0)
-    w = float(batch['mask'].sum())
-    weight += w
-    for k in ('rate', 'bytes_per_chunk', 'whitespace_recall', 'whitespace_precision'):
-      if k in metrics:
-        sums[k] = sums.get(k, 0.0) + w * float(metrics[k])
-  bpb, se = ratio_and_se(ce_doc, n_doc)
-  out = {k: v / max(weight, 1.0) for k, v in sums.items()}
-  if 'rate' in out:
-    out['bytes_per_chunk'] = 1.0 / max(out['rate'], 1e-9)
-  out.update(bpb=bpb, bpb_se=se, documents=int(np.sum(n_doc > 0)), bytes=int(n_doc.sum()))
-  return out
+def evaluate_documents(ckpt, docs, key) -> dict:
+  """`tokjax.evaluation` statistics of docs with sampled boundaries (as in training): bpb pooled over
+  bytes with its ratio-estimator standard error over documents, and the boundary statistics."""
+  return ckpt.evaluator.run(ckpt.params, docs, key, modes=('sample',))['sample']
 
 
 def paragraph(docs, length: int) -> bytes:
@@ -194,30 +149,22 @@ def run_method(method, config, out_dir):
 
 def evaluate_method(method, config, result, data_splits, key, eval_cap, passage):
   """Adds per-document val/test numbers, parameter count and the passage's boundaries to result."""
-  mesh = sharding.make_mesh(config.mesh)
-  trainer = train_state.Trainer(config, mesh)
-  mgr = checkpointing.manager(config.train.workdir, create=False)
-  state, _ = checkpointing.restore(mgr, trainer.abstract_state)
-  with sharding.use(mesh, config.mesh):
-    for split in ('val', 'test'):
-      r = evaluate_documents(
-          config,
-          trainer.model,
-          state.params,
-          capped(data_splits[split], *eval_cap),
-          jax.random.fold_in(key, hash(split) % 1000),
-      )
-      result[split] = r
-    if config.model.kind == 'hierarchical':
-      shown, actions, probs = segmentation.boundaries_for(
-          trainer.model, state.params, passage, config.data.seq_len, key, 'greedy'
-      )
-      result['passage'] = {
-          'actions': [float(a) for a in actions],
-          'probs': [float(p) for p in probs],
-          'rendered': segmentation.render(shown, actions),
-      }
-  result['params'] = int(trainer.num_params)
+  del method
+  ckpt = checkpointing.load_checkpoint(config.train.workdir)
+  for i, split in enumerate(('val', 'test')):
+    result[split] = evaluate_documents(
+        ckpt, capped(data_splits[split], *eval_cap), jax.random.fold_in(key, i)
+    )
+  if config.model.kind == 'hierarchical':
+    shown, actions, probs = segmentation.boundaries_for(
+        ckpt.model, ckpt.params, passage, config.data.seq_len, key, 'greedy'
+    )
+    result['passage'] = {
+        'actions': [float(a) for a in actions],
+        'probs': [float(p) for p in probs],
+        'rendered': segmentation.render(shown, actions),
+    }
+  result['params'] = int(ckpt.trainer.num_params)
   return result
 
 
@@ -241,21 +188,22 @@ def write_outputs(out_dir, results, meta, passage):
       f'    {meta["command"]}',
       '',
       f'{meta["steps"]} steps of {meta["batch"]} x {meta["seq_len"]} bytes = {meta["train_bytes"]:.3g} '
-      f'training bytes per method, target rate {meta["target_rate"]}. Bits-per-byte are per-document '
-      f'(± standard error over documents, boundaries sampled as in training) on the val/test '
+      f'training bytes per method, target rate {meta["target_rate"]}. Bits-per-byte are pooled over '
+      f'the bytes of the val/test documents, {evaluation.SE_LABEL} (boundaries sampled as in training) '
       f'documents (first {meta["eval_docs"] or "all"} documents, first {meta["eval_doc_bytes"] or "all"} '
       'bytes of each). Rate, bytes/chunk and whitespace fraction (fraction of '
       'whitespace bytes that end a chunk) are on test, sampled. Train B/s: median over log '
       'intervals (on the machine and cores the command ran on).',
       '',
-      '| method | params | val bpb | test bpb | rate | bytes/chunk | ws fraction | train B/s | wall s |',
+      '| method | params | val bpb +- s.e. | test bpb +- s.e. | rate | bytes/chunk | ws fraction | '
+      'train B/s | wall s |',
       '|---|---|---|---|---|---|---|---|---|',
   ]
   for r in results:
     t, v = r['test'], r['val']
     lines.append(
-        f'| {r["method"]} | {r["params"]:,} | {fmt(v["bpb"])} ± {fmt(v["bpb_se"])} | '
-        f'{fmt(t["bpb"])} ± {fmt(t["bpb_se"])} | {fmt(t.get("rate"), 3)} | '
+        f'| {r["method"]} | {r["params"]:,} | {fmt(v["bpb"])} +- {fmt(v["bpb_se"])} | '
+        f'{fmt(t["bpb"])} +- {fmt(t["bpb_se"])} | {fmt(t.get("rate"), 3)} | '
         f'{fmt(t.get("bytes_per_chunk"), 2)} | {fmt(t.get("whitespace_recall"), 3)} | '
         f'{r["train_bytes_per_s"]:,.0f} | {r["wall_s"]:.0f} |'
     )
@@ -352,8 +300,8 @@ def compare(
       with open(os.path.join(out_dir, m, 'result.json'), 'w') as f:
         json.dump(r, f)
     print(
-        f'[compare] {m}: params {r["params"]:,} | test bpb {r["test"]["bpb"]:.4f} ± '
-        f'{r["test"]["bpb_se"]:.4f} | rate {r["test"].get("rate", 1.0):.3f} | '
+        f'[compare] {m}: params {r["params"]:,} | test bpb '
+        f'{evaluation.format_bpb(r["test"]["bpb"], r["test"]["bpb_se"])} | rate {r["test"].get("rate", 1.0):.3f} | '
         f'{r["train_bytes_per_s"]:,.0f} B/s | wall {r["wall_s"]:.0f}s',
         flush=True,
     )

@@ -43,11 +43,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import checkpointing, cli, sharding, train_state
+from tokjax import checkpointing, cli, evaluation
 from tokjax import train as train_lib
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
-from tokjax.losses import LN2, cross_entropy
+from tokjax.losses import cross_entropy
 
 RUNS = ('method', 'control', 'oracle', 'uniform')
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
@@ -259,11 +259,11 @@ def evaluate_params(fns, params, arrays, key) -> dict:
   rand[:, 0] = rand[:, -1] = 1.0
   mask_np, copied = arrays['mask'], arrays['copied'] & (arrays['mask'] > 0)
 
-  def bpb(ce):
+  def bpb(ce):  # Each held-out row is one document: pooled over bytes (`tokjax.evaluation`).
     ce = np.asarray(ce)
-    return (
-        float(np.sum(ce * mask_np) / np.sum(mask_np) / LN2),
-        float(np.sum(ce * copied) / max(np.sum(copied), 1) / LN2),
+    return tuple(
+        evaluation.ratio_and_se(np.sum(ce * w, axis=1), np.sum(w, axis=1))[0]
+        for w in (mask_np, copied)
     )
 
   out['bpb'], out['copy_bpb'] = bpb(fns['own'](params, tokens, targets, k_ce))
@@ -312,20 +312,15 @@ def run_config(name: str, corpus: str, workdir: str, steps: int, eval_every: int
 
 def evaluate_run(config, arrays, seed: int) -> list[dict]:
   """Evaluates every checkpoint of a finished run: [{'step': s, ...metrics}] in step order."""
-  mesh = sharding.make_mesh(config.mesh)
-  trainer = train_state.Trainer(config, mesh)
-  fns = make_eval_fns(trainer.model)
-  mgr = checkpointing.manager(config.train.workdir, config.train.keep_checkpoints, create=False)
-  rows = []
-  for step in sorted(mgr.all_steps()):
-    state, _ = checkpointing.restore(mgr, trainer.abstract_state, None, step)
-    metrics = evaluate_params(fns, state.params, arrays, jax.random.PRNGKey(seed + 1))
-    rows.append(dict(step=int(step), **metrics))
+  ckpt = checkpointing.load_checkpoint(config.train.workdir)
+  fns = make_eval_fns(ckpt.model)
+  key = jax.random.PRNGKey(seed + 1)
+  rows = [
+      dict(step=s, **evaluate_params(fns, ckpt.at(s).params, arrays, key)) for s in ckpt.steps()
+  ]
   # Step 0 (the initial policy) from a fresh init, as the starting point of the curve.
-  state0 = trainer.init(jax.random.split(jax.random.PRNGKey(config.seed), 3)[0])
-  rows.insert(
-      0, dict(step=0, **evaluate_params(fns, state0.params, arrays, jax.random.PRNGKey(seed + 1)))
-  )
+  state0 = ckpt.trainer.init(jax.random.split(jax.random.PRNGKey(config.seed), 3)[0])
+  rows.insert(0, dict(step=0, **evaluate_params(fns, state0.params, arrays, key)))
   return rows
 
 

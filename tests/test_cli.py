@@ -1,0 +1,122 @@
+"""The commands' terminal behaviour: --help exits 0, config syntax errors and non-UTF-8 prompts are one
+`error:` line, third-party INFO logs only with --verbosity, evaluate without `tokenizers`, and
+segmentation previews that cannot drive the terminal."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tokjax import segmentation
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMANDS = (
+    'tokjax.train',
+    'tokjax.evaluate',
+    'tokjax.sample',
+    'tokjax.segment',
+    'tokjax.experiments.compare',
+    'tokjax.experiments.synthetic',
+    'tokjax.experiments.estimator_training',
+    'tokjax.analysis.estimators',
+)
+
+
+def _run(*args, env=None):
+  return subprocess.run(
+      [sys.executable, '-m', *args],
+      cwd=REPO,
+      capture_output=True,
+      timeout=300,
+      check=False,
+      env=dict(os.environ, **(env or {})),
+  )
+
+
+def _error_lines(proc):
+  err = proc.stderr.decode(errors='replace')
+  assert 'Traceback' not in err, err[-3000:]
+  return [l for l in err.splitlines() if l.startswith('error:')]
+
+
+def test_help_of_every_command_exits_0():
+  procs = {
+      m: subprocess.Popen(
+          [sys.executable, '-m', m, '--help'],
+          cwd=REPO,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+      )
+      for m in COMMANDS
+  }
+  for m, p in procs.items():
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, (m, err[-2000:])
+    assert b'--' in out, m  # It listed flags.
+
+
+def test_config_syntax_error_is_one_line(tmp_path):
+  bad = tmp_path / 'bad.py'
+  bad.write_text('def get_config(:\n  return None\n')
+  proc = _run('tokjax.train', f'--config={bad}', f'--config.train.workdir={tmp_path}/run')
+  assert proc.returncode == 2
+  (line,) = _error_lines(proc)
+  assert 'syntax error' in line and 'line 1' in line
+
+
+def test_non_utf8_prompt_is_one_line(tmp_path):
+  proc = subprocess.run(
+      [
+          sys.executable.encode(),
+          b'-m',
+          b'tokjax.sample',
+          f'--checkpoint={tmp_path}'.encode(),
+          b'--prompt=caf\xe9',
+      ],
+      cwd=REPO,
+      capture_output=True,
+      timeout=300,
+      check=False,
+  )
+  assert proc.returncode == 2
+  (line,) = _error_lines(proc)
+  assert 'not valid UTF-8' in line
+
+
+def test_evaluate_without_tokenizers_and_quiet_logs(tiny_run, tmp_path):
+  shadow = tmp_path / 'shadow' / 'tokenizers'
+  shadow.mkdir(parents=True)
+  (shadow / '__init__.py').write_text("raise ImportError('tokenizers is not installed')\n")
+  env = {
+      'PYTHONPATH': os.pathsep.join([str(tmp_path / 'shadow'), os.environ.get('PYTHONPATH', REPO)])
+  }
+  args = ('tokjax.evaluate', f'--checkpoint={tiny_run}', '--max_batches=1', f'--out={tmp_path}/e')
+  proc = _run(*args, env=env)
+  out, err = proc.stdout.decode(), proc.stderr.decode()
+  assert proc.returncode == 0, err[-3000:]
+  assert out.count('`tokenizers` package is not installed') == 1
+  assert 'BPE reference' not in out and 's.e. (ratio estimator over documents)' in out
+  info = lambda text: [l for l in text.splitlines() if l[:1] == 'I' and l[1:5].isdigit()]
+  assert not info(out + err)
+  loud = _run(*args, '--verbosity=0', env=env)
+  assert loud.returncode == 0 and info(loud.stdout.decode() + loud.stderr.decode())
+
+
+def test_preview_escapes_non_printable_bytes():
+  text = b'ok\x1b[2J\x07\xff\x00 caf\xc3\xa9\tend\nnext'
+  actions = np.zeros(len(text))
+  actions[1] = 1
+  shown = segmentation.preview(text, actions)
+  assert not [c for c in shown if ord(c) < 32 and c != '\t']
+  assert '\\x1b' in shown and '\\xff' in shown and '\\x00' in shown and 'café' in shown
+  assert shown.startswith('ok|') and '⏎next' in shown
+  rendered = segmentation.render(text, actions, terminal=True)
+  assert '\x1b' not in rendered and rendered.count('\n') == 1
+
+
+@pytest.mark.parametrize('text', [b'plain words', 'unicod\u00e9'.encode()])
+def test_terminal_render_keeps_printable_text(text):
+  actions = np.zeros(len(text))
+  assert segmentation.render(text, actions, terminal=True) == text.decode()

@@ -1,0 +1,77 @@
+"""tokjax.evaluation: the statistics against hand-computed values, the document bookkeeping from the
+pipeline's own batch positions, and agreement with the trainer's compiled eval step."""
+
+import math
+
+from conftest import tiny_config
+import jax
+import numpy as np
+import pytest
+
+from tokjax import evaluation, sharding, train_state
+from tokjax.data import pipeline
+
+
+def test_ratio_and_se_against_hand_computed_values():
+  # Documents: (ce nats, bytes) = (10, 10), (30, 20), (20, 30), and one without bytes (left out).
+  # R = 60 / 60 = 1; residuals ce - R n = 0, 10, -10; se = sqrt(3 / 2 * 200) / 60 nats.
+  bpb, se = evaluation.ratio_and_se(np.array([10.0, 30.0, 20.0, 0.0]), np.array([10, 20, 30, 0]))
+  assert bpb == pytest.approx(1.4426950408889634, rel=1e-12)  # 1 / ln 2.
+  assert se == pytest.approx(0.41647018510789063, rel=1e-12)  # sqrt(300) / 60 / ln 2.
+  # Not the per-document mean's standard error (0.4096 / ln 2 here): the ratio estimator.
+  rates = np.array([1.0, 1.5, 2.0 / 3.0])
+  assert se != pytest.approx(rates.std(ddof=1) / math.sqrt(3) / math.log(2), rel=1e-3)
+  # Identical per-document rates have no spread; one document has no standard error.
+  assert evaluation.ratio_and_se(np.array([1.0, 2.0]), np.array([1.0, 2.0]))[1] == 0.0
+  assert math.isnan(evaluation.ratio_and_se(np.array([3.0]), np.array([2.0]))[1])
+
+
+def test_prf_and_labels():
+  assert evaluation.prf(2, 4, 8) == pytest.approx({'precision': 0.5, 'recall': 0.25, 'f1': 1 / 3})
+  assert evaluation.format_bpb(1.23456, 0.01234) == (
+      '1.2346 +- 0.0123 s.e. (ratio estimator over documents)'
+  )
+  assert evaluation.SE_LABEL in evaluation.format_bpb(1.0, 0.1).replace('0.1000 ', '')
+  assert evaluation.format_bpb(1.0, float('nan')) == '1.0000 (one document: no s.e.)'
+
+
+def test_document_ids_and_batch_positions_follow_the_packed_stream():
+  docs = [b'abc', b'hello world', b'x' * 70, b'tail']
+  stream = pipeline.pack_documents(docs)
+  ids = evaluation.document_ids(docs)
+  assert len(ids) == len(stream)
+  for k, d in enumerate(docs):
+    assert bytes(stream[ids == k][1:].astype(np.uint8)) == d
+  batches = pipeline.make_eval_batches(docs, seq_len=8, batch_size=5)
+  seen = []
+  for batch in batches:
+    pos = pipeline.stream_positions(batch)
+    real = batch['mask'] > 0
+    np.testing.assert_array_equal(batch['targets'][real], stream[pos[real] + 1])
+    inside = (pos >= 0) & (pos < len(stream))
+    np.testing.assert_array_equal(batch['inputs'][inside], stream[pos[inside]])
+    seen += list(pos[real] + 1)
+  assert sorted(seen) == [p for p in range(len(stream)) if stream[p] < 256]  # Each byte once.
+
+
+def test_evaluator_matches_the_trainers_eval_step_on_the_same_batches_and_key(tmp_path):
+  """bpb pooled over bytes from the evaluator equals the sum of the trainer's per-batch CE sums over
+  the same batches and keys, for sampled and greedy boundaries; per-document sums add up."""
+  c = tiny_config(str(tmp_path))
+  data = pipeline.build_data(c)
+  trainer = train_state.Trainer(c, sharding.make_mesh(c.mesh))
+  params = trainer.init(jax.random.PRNGKey(0)).params
+  key = jax.random.PRNGKey(7)
+  docs = data.splits['val']
+  res = evaluation.Evaluator(trainer).run(params, docs, key, batches=data.val_batches)
+  for mode in ('sample', 'greedy'):
+    ce = nbytes = 0.0
+    for i, batch in enumerate(data.val_batches):
+      placed = sharding.global_batch_from_global(pipeline.model_batch(batch), trainer.mesh)
+      m = jax.device_get(trainer.eval_step(params, placed, jax.random.fold_in(key, i), mode))
+      ce, nbytes = ce + float(m['ce_sum']), nbytes + float(m['bytes'])
+    assert res[mode]['bpb'] == pytest.approx(ce / nbytes / math.log(2), rel=1e-5), mode
+    assert res[mode]['bytes'] == nbytes
+  assert res['sample']['bpb'] != res['greedy']['bpb']
+  m = res['sample']
+  assert m['documents'] >= 1 and (math.isnan(m['bpb_se']) == (m['documents'] < 2))

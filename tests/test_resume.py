@@ -1,0 +1,119 @@
+"""A run killed with `kill -9` after a checkpoint and resumed keeps a clean record: metrics.jsonl and
+TensorBoard hold each step once, in order, equal to an uninterrupted run's; curves use each step once.
+"""
+
+import glob
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+from conftest import tiny_config, tiny_flags
+import pytest
+
+from tokjax import train
+from tokjax.metric_writers import curve_rows, read_metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SETTINGS = dict(train__steps=40, train__log_every=1, train__eval_every=4, train__checkpoint_every=8)
+
+
+def start_training(workdir, **overrides):
+  """`python -m tokjax.train` on the tiny config in a subprocess (output to workdir.log)."""
+  log = open(workdir + '.log', 'w')  # pylint: disable=consider-using-with
+  return subprocess.Popen(
+      [sys.executable, '-m', 'tokjax.train', *tiny_flags(workdir, **overrides)],
+      cwd=REPO,
+      stdout=log,
+      stderr=subprocess.STDOUT,
+  )
+
+
+def wait_for_train_step(workdir, step, proc, timeout=300):
+  """Polls metrics.jsonl until a train row of at least `step` is logged."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if proc.poll() is not None:
+      raise AssertionError(
+          f'training exited early ({proc.returncode}): {open(workdir + ".log").read()}'
+      )
+    if os.path.exists(path):
+      with open(path) as f:
+        steps = [r['step'] for r in map(eval_row, f) if r and r['split'] == 'train']
+      if steps and max(steps) >= step:
+        return max(steps)
+    time.sleep(0.01)
+  raise AssertionError('training did not reach step {step} in time')
+
+
+def eval_row(line):
+  import json  # pylint: disable=g-import-not-at-top
+
+  try:
+    return json.loads(line)
+  except ValueError:  # A row being written.
+    return None
+
+
+def config_of(workdir):
+  c = tiny_config(workdir)
+  for k, v in SETTINGS.items():
+    section, name = k.split('__')
+    c[section][name] = v
+  return c
+
+
+def comparable(rows):
+  return [{k: v for k, v in r.items() if k != 'bytes_per_s'} for r in rows]
+
+
+def tensorboard_steps(workdir, tag):
+  """Steps of `tag` in the run's TensorBoard event files (TFRecord framing, tensorboardX protos)."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+
+  steps = []
+  for path in sorted(glob.glob(os.path.join(workdir, 'tensorboard', 'events.*'))):
+    data = open(path, 'rb').read()
+    pos = 0
+    while pos < len(data):
+      (n,) = struct.unpack('<Q', data[pos : pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12 : pos + 12 + n])
+      pos += 12 + n + 4
+      steps += [event.step for v in event.summary.value if v.tag == tag]
+  return steps
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('uninterrupted'))
+  train.train(config_of(workdir))
+  return workdir
+
+
+def test_kill9_after_a_checkpoint_then_resume_keeps_each_step_once(tmp_path, uninterrupted):
+  workdir = str(tmp_path / 'run')
+  proc = start_training(workdir, **SETTINGS)
+  reached = wait_for_train_step(workdir, 10, proc)
+  os.kill(proc.pid, signal.SIGKILL)
+  proc.wait()
+  killed_rows = read_metrics(os.path.join(workdir, 'metrics.jsonl'))
+  assert reached < 40 and max(r['step'] for r in killed_rows) > 8  # Rows after the checkpoint.
+  train.train(config_of(workdir), resume=True)
+  rows = read_metrics(os.path.join(workdir, 'metrics.jsonl'))
+  keys = [(r['step'], r['split']) for r in rows]
+  assert len(keys) == len(set(keys)) and [s for s, _ in keys] == sorted(s for s, _ in keys)
+  assert comparable(rows) == comparable(read_metrics(os.path.join(uninterrupted, 'metrics.jsonl')))
+  assert tensorboard_steps(workdir, 'train/loss') == list(range(1, 41))
+  assert tensorboard_steps(workdir, 'val/bpb') == list(range(4, 41, 4))
+
+
+def test_curves_use_each_step_once_in_order():
+  rows = [{'step': s, 'split': 'train', 'bpb': float(s)} for s in (1, 2, 3, 4, 2, 3, 4, 5)] + [
+      {'step': 4, 'split': 'val', 'bpb': 9.0}
+  ]
+  got = [(r['split'], r['step'], r['bpb']) for r in curve_rows(rows)]
+  assert [g for g in got if g[0] == 'train'] == [('train', s, float(s)) for s in (1, 2, 3, 4, 5)]
+  assert ('val', 4, 9.0) in got
