@@ -21,7 +21,7 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from tokjax import config_defaults, sharding, train_state
+from tokjax import config_defaults, evaluation, sharding, train_state
 from tokjax.errors import UserError
 
 
@@ -183,10 +183,8 @@ class Checkpoint:
       raise UserError(f'checkpoint step {step} of {self.path} is unusable: {e}.') from None
 
   @functools.cached_property
-  def evaluator(self):
-    """The run's `evaluation.Evaluator` (its forwards compile once per checkpoint)."""
-    from tokjax import evaluation  # pylint: disable=g-import-not-at-top
-
+  def evaluator(self) -> evaluation.Evaluator:
+    """The run's evaluator (its forwards compile once per checkpoint)."""
     return evaluation.Evaluator(self.trainer)
 
 

@@ -13,6 +13,8 @@ the same way) with sampled and with greedy boundaries. Writes FILE_PREFIX.json a
     `tokjax.models.rivals.bpe.fit_tokenizer`).
 The statistics and their exact definitions are `tokjax.evaluation`'s, the same code the trainer's
 validation runs: with the same key, `--split val` reproduces the trainer's own val bpb.
+The checkpoint is restored by `tokjax.checkpointing.load_checkpoint`: a damaged latest step is reported
+and the previous one used, unless --step demands one.
 """
 
 import json
@@ -169,7 +171,9 @@ def define_flags():
   flags.DEFINE_string('split', 'test', 'Split: train | val | test.')
   flags.DEFINE_string('out', None, 'Output prefix for .json and .md (default DIR/eval_SPLIT).')
   flags.DEFINE_integer('max_batches', 0, 'Evaluate at most this many batches (0: all).')
-  flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
+  flags.DEFINE_integer(
+      'step', None, 'Checkpoint step that must load (default: the latest step that loads).'
+  )
   flags.DEFINE_bool('bpe', True, 'Score boundaries against BPE token starts (trains a BPE).')
 
 

@@ -68,7 +68,9 @@ def define_flags():
   )
   flags.DEFINE_bool('no_cache', False, 'Recompute the whole sequence for every byte.')
   flags.DEFINE_bool('compare', False, 'Run cached and uncached generation and compare them.')
-  flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
+  flags.DEFINE_integer(
+      'step', None, 'Checkpoint step that must load (default: the latest step that loads).'
+  )
 
 
 def main(argv):

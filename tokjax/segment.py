@@ -172,7 +172,9 @@ def define_flags():
   flags.DEFINE_string('delimiter', '|', 'Written after each chunk in the .txt output.')
   flags.DEFINE_integer('seed', 0, 'Key for --mode=sample.')
   flags.DEFINE_integer('png_bytes', 1024, 'Bytes shown in the PNG heatmap.')
-  flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
+  flags.DEFINE_integer(
+      'step', None, 'Checkpoint step that must load (default: the latest step that loads).'
+  )
 
 
 def main(argv):
