@@ -2,7 +2,7 @@ r"""The paper's main model: 147M parameters on FineWeb sample-100BT, score-funct
 
   python -m tokjax.data.prepare hf:fineweb --out data/fineweb_147m --max_bytes 6600000000   # once
   python -m tokjax.train --config configs/paper_147m_fineweb.py   # then train (launch/README.md)
-  (prepare needs `pip install -e .[hf]` and the hub; it wrote 5 GB of local text at 32 MB/s,
+  (prepare needs `pip install -e .[hf]` and the hub; it wrote 5 GB of local text at 43 MB/s,
   results/data/README.md; from the hub the network bounds it. The folder may be a gs:// URL.)
 
 d_model 768, 12 heads, encoder/main/decoder 4/12/4, sequence 4096 bytes, 128 sequences per step,

@@ -2,7 +2,7 @@ r"""The paper's code model: 90M parameters on CodeParrot (documents >= 4096 byte
 
   python -m tokjax.data.prepare hf:codeparrot --out data/codeparrot --max_bytes 3740000000  # once
   python -m tokjax.train --config configs/paper_90m_codeparrot.py   # then train (launch/)
-  (prepare needs `pip install -e .[hf]` and the hub; it wrote 5 GB of local text at 32 MB/s,
+  (prepare needs `pip install -e .[hf]` and the hub; it wrote 5 GB of local text at 43 MB/s,
   results/data/README.md; from the hub the network bounds it. The folder may be a gs:// URL.)
 
 d_model 768, 12 heads, encoder/main/decoder 4/6/4, sequence 4096, batch 128, lr 2e-3, 3.4e9 bytes

@@ -5,14 +5,15 @@ r"""Start-up time and host memory of training on a prepared corpus, at growing c
 
 For each size it writes a folder of synthetic text documents (lowercase letters, a newline every 64
 bytes, 1 MiB files) under --scratch, prepares it (`python -m tokjax.data.prepare ... --out`, timed:
-the prepare throughput), then in a fresh process measures start-to-first-step: interpreter start to
-the end of the first training step of a tiny model on --config.data.corpus=prepared:DIR (build_data,
-model init, compile, one step), and that process's peak RSS; with --in_memory_max_bytes the same for
-the in-memory path on the source folder, for contrast. Both folders are deleted afterwards. The
-model is the same at every size, so only the data side can make start-up grow; set
-JAX_COMPILATION_CACHE_DIR so that compile time (load-dependent) does not swamp the comparison.
-prepare_mb_per_s is the prepare command's own throughput (manifest.json: reading the source,
-hashing, writing and checksumming shards), prepare_command_s adds interpreter start-up.
+the prepare throughput), then measures start-to-first-step: from just before a fresh process is
+spawned to the end of its first training step of a tiny model on --config.data.corpus=prepared:DIR
+(imports, build_data, model init, compile, one step), and that process's peak RSS; with
+--in_memory_max_bytes the same for the in-memory path on the source folder, for contrast. Both
+folders are deleted afterwards. The model is the same at every size, so only the data side can make
+start-up grow; set JAX_COMPILATION_CACHE_DIR so that compile time (load-dependent) does not swamp
+the comparison. prepare_mb_per_s is the prepare command's own throughput (manifest.json: reading the
+source, hashing, writing and checksumming shards, the reference bpb); prepare_command_s adds
+interpreter start-up.
 """
 
 import argparse
@@ -45,12 +46,11 @@ def write_synthetic(folder: str, nbytes: int, seed: int = 0) -> int:
   return written
 
 
-def first_step(corpus: str) -> dict:
-  """Runs in a fresh process: seconds from interpreter start to the first finished train step."""
+def first_step(corpus: str, t0: float) -> dict:
+  """Runs in a fresh process spawned at time t0: seconds from t0 to the first finished step."""
   import resource  # pylint: disable=g-import-not-at-top
 
   import jax  # pylint: disable=g-import-not-at-top
-  import psutil  # pylint: disable=g-import-not-at-top
 
   from tokjax import config_defaults, sharding, train_state  # pylint: disable=g-import-not-at-top
   from tokjax.data import pipeline  # pylint: disable=g-import-not-at-top
@@ -71,7 +71,7 @@ def first_step(corpus: str) -> dict:
   state, metrics = trainer.train_step(state, batch, jax.random.PRNGKey(1))
   jax.block_until_ready(metrics)
   return {
-      'start_to_first_step_s': round(time.time() - psutil.Process().create_time(), 2),
+      'start_to_first_step_s': round(time.time() - t0, 2),
       'build_data_s': round(build_data_s, 3),
       'peak_rss_mb': round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
       'train_bytes': data.num_bytes('train'),
@@ -80,7 +80,15 @@ def first_step(corpus: str) -> dict:
 
 def _first_step_row(corpus: str) -> dict:
   out = subprocess.run(
-      [sys.executable, '-m', 'tokjax.data.bench_prepared', '--first_step', corpus],
+      [
+          sys.executable,
+          '-m',
+          'tokjax.data.bench_prepared',
+          '--first_step',
+          corpus,
+          '--t0',
+          repr(time.time()),
+      ],
       check=True,
       capture_output=True,
       text=True,
@@ -100,9 +108,10 @@ def main(argv=None) -> int:
       help='also time the in-memory path (corpus = the source folder) up to this size',
   )
   parser.add_argument('--first_step', default=None, help=argparse.SUPPRESS)
+  parser.add_argument('--t0', type=float, default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.first_step:
-    print(json.dumps(first_step(args.first_step)))
+    print(json.dumps(first_step(args.first_step, args.t0 or time.time())))
     return 0
   rows = []
   for size in (int(float(s)) for s in args.sizes.split(',')):
