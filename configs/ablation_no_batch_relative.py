@@ -2,9 +2,9 @@ r"""Ablation of the 40M paper model: no batch-relative advantage.
 
   python -m tokjax.train --config configs/ablation_no_batch_relative.py   # on accelerators, see launch/
 
-configs/paper_40m_fineweb.py with estimator.batch_relative = False.
+configs/paper_40m_fineweb.py with estimator.baseline = 'none' (instead of 'batch').
 Expected result (paper, ablation table, FineWeb validation): rate 0.208, 1.543 bpb, whitespace 0.99. Not measured by tokjax at this size;
-the CPU-scale counterpart is `python -m tokjax.train --config configs/default.py --config.estimator.batch_relative=False`.
+the CPU-scale counterpart is `python -m tokjax.train --config configs/default.py --config.estimator.baseline=none`.
 """
 
 from tokjax.config_defaults import paper_config
@@ -12,6 +12,6 @@ from tokjax.config_defaults import paper_config
 
 def get_config():
   c = paper_config('40m')
-  c.estimator.batch_relative = False
+  c.estimator.baseline = 'none'
   c.train.workdir = 'runs/ablation_no_batch_relative'
   return c

@@ -2,9 +2,9 @@ r"""Ablation of the 40M paper model: independent boundary decisions (w = 1).
 
   python -m tokjax.train --config configs/ablation_w1.py   # on accelerators, see launch/
 
-configs/paper_40m_fineweb.py with boundary.window = 1.
+configs/paper_40m_fineweb.py with boundary.policy.window = 1.
 Expected result (paper, ablation table, FineWeb validation): rate 0.196, 1.51 bpb, whitespace 0.99. Not measured by tokjax at this size;
-the CPU-scale counterpart is `python -m tokjax.train --config configs/default.py --config.boundary.window=1`.
+the CPU-scale counterpart is `python -m tokjax.train --config configs/default.py --config.boundary.policy.window=1`.
 """
 
 from tokjax.config_defaults import paper_config
@@ -12,6 +12,6 @@ from tokjax.config_defaults import paper_config
 
 def get_config():
   c = paper_config('40m')
-  c.boundary.window = 1
+  c.boundary.policy.window = 1
   c.train.workdir = 'runs/ablation_w1'
   return c

@@ -16,6 +16,5 @@ def get_config():
   c = base_config()
   c.model.kind = 'flat'
   c.model.byte_window = 0
-  c.estimator.kind = 'none'
   c.train.workdir = 'runs/flat_cpu'
   return c

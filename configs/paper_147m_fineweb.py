@@ -9,7 +9,7 @@ d_model 768, 12 heads, encoder/main/decoder 4/12/4, sequence 4096 bytes, 128 seq
 lr 1.5e-3 (warmup from 0.15e-3, cosine to 0), AdamW, bf16 compute, grad-clip 1.0, 6e9 training bytes
 (11,444 steps), documents longer than 4096 bytes, target rate 0.2.
 Expected result (paper, Dauncey & Wattenhofer 2026, Table 1; not reproduced here, which needs
-accelerators): test bits-per-byte 1.297 with w = 8 (1.280 with w = 1, --config.boundary.window=1),
+accelerators): test bits-per-byte 1.297 with w = 8 (1.280 with w = 1, --config.boundary.policy.window=1),
 learned rate 0.204. tokjax has not measured this configuration.
 """
 

@@ -24,30 +24,67 @@ def test_ratio_and_se_matches_the_pooled_ratio():
   )
 
 
-def test_compare_runs_every_method_end_to_end(tmp_path, monkeypatch):
-  monkeypatch.setenv(
-      'TOKJAX_DATA_DIR', str(tmp_path / 'cache')
-  )  # The BPE tokenizer is cached there.
+def _corpus(tmp_path):
   corpus = tmp_path / 'corpus'
   corpus.mkdir()
   words = b'the king and queen of a far land went to see thy noble lord with all her men, '
   for i in range(40):
     (corpus / f'doc{i}.txt').write_bytes((words * 40)[i * 7 :] + b'\n')
-  out = tmp_path / 'out'
+  return corpus
+
+
+def test_a_method_added_in_one_file_trains_through_the_compare_command(tmp_path):
+  """tests/toy_boundary.py registers 'punctuation' (one file); compare finds it by name, gives it its
+  config section, trains it one step without a policy gradient and evaluates it."""
+
+  assert 'punctuation' in compare.method_names()
+  corpus = _corpus(tmp_path)
   results = compare.compare(
       str(corpus),
-      2 * 4 * 64,
-      str(out),
-      list(compare.METHODS),
+      4 * 64,
+      str(tmp_path / 'out'),
+      ['punctuation'],
       tiny=True,
       eval_cap=(2, 512),
       evals=1,
       command='test',
   )
-  assert [r['method'] for r in results] == list(compare.METHODS)
+  (r,) = results
+  assert r['method'] == 'punctuation' and math.isfinite(r['test']['bpb'])
+  rows = [
+      json.loads(line)
+      for line in (tmp_path / 'out' / 'punctuation' / 'metrics.jsonl').read_text().splitlines()
+  ]
+  train = [x for x in rows if x['split'] == 'train']
+  assert [x['step'] for x in train] == [1]
+  assert 'policy_loss' not in train[0]  # Not a score-function method: no policy gradient.
+  # Its rule on the held-out passage: every chunk but the last (closed by the forced final boundary)
+  # ends on a punctuation byte.
+  chunks = r['passage']['rendered'].split('|')[:-1]
+  assert all(c[-1] in '.,;\n' for c in chunks[:-1]), chunks
+  assert r['test']['rate'] < 0.1  # Punctuation is rare in this corpus: one comma per 78 bytes.
+
+
+def test_compare_runs_every_method_end_to_end(tmp_path, monkeypatch):
+  monkeypatch.setenv(
+      'TOKJAX_DATA_DIR', str(tmp_path / 'cache')
+  )  # The BPE tokenizer is cached there.
+  corpus = _corpus(tmp_path)
+  out = tmp_path / 'out'
+  results = compare.compare(
+      str(corpus),
+      2 * 4 * 64,
+      str(out),
+      list(compare.method_names()),
+      tiny=True,
+      eval_cap=(2, 512),
+      evals=1,
+      command='test',
+  )
+  assert [r['method'] for r in results] == list(compare.method_names())
   table = (out / 'results.md').read_text()
   rows = [line for line in table.splitlines() if line.startswith('| ') and '---' not in line][1:]
-  assert [r.split('|')[1].strip() for r in rows] == list(compare.METHODS)
+  assert [r.split('|')[1].strip() for r in rows] == list(compare.method_names())
   data = json.loads((out / 'results.json').read_text())
   for r in data['methods']:
     assert math.isfinite(r['test']['bpb']) and 0 < r['test']['bpb'] < 10, r['method']
@@ -59,7 +96,7 @@ def test_compare_runs_every_method_end_to_end(tmp_path, monkeypatch):
   hier = data['meta']['hierarchical_params']
   flat = by['flat']['params']
   layers = data['meta']['flat_layers']
-  cfg = compare.method_config('flat', str(corpus), True)
+  cfg = compare.variant_config('flat', str(corpus), True)
   for other in (layers - 1, layers + 1):
     if other >= 1:
       cfg.model.num_layers = other
@@ -67,4 +104,4 @@ def test_compare_runs_every_method_end_to_end(tmp_path, monkeypatch):
   for name in ('curves.png', 'heatmap.png', 'segmentations.md'):
     assert os.path.getsize(out / name) > 0
   seg = (out / 'segmentations.md').read_text()
-  assert all(f'## {m}' in seg for m in compare.METHODS if m != 'flat')
+  assert all(f'## {m}' in seg for m in compare.method_names() if m != 'flat')

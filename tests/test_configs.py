@@ -7,6 +7,7 @@ import os
 import pytest
 
 from tokjax import config_defaults
+from tokjax.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(REPO, 'configs', '*.py')))
@@ -29,19 +30,68 @@ def _flat(d, prefix=''):
   return out
 
 
-@pytest.mark.parametrize('path', CONFIGS, ids=os.path.basename)
-def test_config_validates_and_documents_its_command(path):
+def _variants():
+  """(path, variant) for every config file and each of its named variants (None: no variants)."""
+  out = []
+  for path in CONFIGS:
+    variants = getattr(_load(path), 'VARIANTS', None)
+    out += [(path, v) for v in variants] if variants else [(path, None)]
+  return out
+
+
+@pytest.mark.parametrize(
+    'path,variant', _variants(), ids=lambda x: os.path.basename(x) if '/' in str(x) else str(x)
+)
+def test_config_validates_and_documents_its_command(path, variant):
   module = _load(path)
-  config_defaults.validate(module.get_config())
+  config = module.get_config() if variant is None else module.get_config(variant)
+  config_defaults.validate(config)
   name = os.path.relpath(path, REPO)
   assert f'--config {name}' in module.__doc__ or f'--config={name}' in module.__doc__, name
 
 
+def test_compare_variants_are_the_registry_and_flat():
+  from tokjax.models import registry  # pylint: disable=g-import-not-at-top
+
+  assert list(config_defaults.load_module('compare').VARIANTS) == [*registry.methods(), 'flat']
+  for name in registry.methods():
+    assert config_defaults.load('compare', name).boundary.method == name
+  assert config_defaults.load('compare', 'flat').model.kind == 'flat'
+  with pytest.raises(UserError, match='unknown config variant'):
+    config_defaults.load('compare', 'nope')
+  tiny = config_defaults.load('compare', 'hnet,tiny')
+  assert tiny.model.d_model == 32 and tiny.boundary.method == 'hnet'
+
+
+def test_train_command_runs_a_named_variant(tmp_path):
+  """`--config FILE:VARIANT` (ml_collections passes the text after ':' to get_config) trains it."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  cmd = [
+      sys.executable,
+      '-m',
+      'tokjax.train',
+      '--config',
+      'configs/compare.py:stride,tiny',
+      '--config.train.steps=2',
+      '--config.train.log_every=1',
+      '--config.train.eval_every=2',
+      '--config.train.checkpoint_every=2',
+      '--config.data.max_bytes=200000',
+      f'--config.train.workdir={tmp_path / "run"}',
+  ]
+  out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+  saved = (tmp_path / 'run' / 'metrics.jsonl').read_text()
+  assert '"rate"' in saved
+
+
 ABLATIONS = {
     'ablation_gamma1.py': {'estimator.gamma': 1.0},
-    'ablation_no_batch_relative.py': {'estimator.batch_relative': False},
+    'ablation_no_batch_relative.py': {'estimator.baseline': 'none'},
     'ablation_no_early_exit.py': {'estimator.reward': 'plain'},
-    'ablation_w1.py': {'boundary.window': 1},
+    'ablation_w1.py': {'boundary.policy.window': 1},
     'ablation_no_rate_loss.py': {'estimator.rate_loss': False, 'model.capacity': 4096},
 }
 
@@ -61,3 +111,118 @@ def test_paper_configs_spend_their_byte_budgets():
     assert c.train.steps == steps
     assert c.data.batch_size * c.data.seq_len * c.train.steps <= p['bytes']
     assert c.data.batch_size * c.data.seq_len * (c.train.steps + 1) > p['bytes']
+
+
+def _base(**changes):
+  c = config_defaults.base_config()
+  for dotted, value in changes.items():
+    section, key = dotted.rsplit('.', 1)
+    target = c
+    for part in section.split('.'):
+      target = target[part]
+    target[key] = value
+  return c
+
+
+@pytest.mark.parametrize(
+    'field,value',
+    [
+        ('optim.lr', float('nan')),
+        ('optim.lr', float('inf')),
+        ('estimator.gamma', float('nan')),
+        ('boundary.gumbel.temperature', float('-inf')),
+        ('optim.b2', float('nan')),
+    ],
+)
+def test_non_finite_numbers_anywhere_are_rejected(field, value):
+  with pytest.raises(UserError, match=f'^config.{field}={value!r} must be a finite number'):
+    config_defaults.validate(_base(**{field: value}))
+
+
+def test_non_finite_flag_is_one_error_line_before_compiling(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  out = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'tokjax.train',
+          '--config',
+          'configs/default.py',
+          '--config.optim.lr=nan',
+          f'--config.train.workdir={tmp_path / "run"}',
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+  )
+  assert out.returncode != 0
+  assert 'error: config.optim.lr=nan must be a finite number' in out.stderr + out.stdout
+  assert not (tmp_path / 'run' / 'checkpoints').exists()
+
+
+@pytest.mark.parametrize(
+    'changes,message',
+    [
+        ({'estimator.rate_loss': False}, 'rate_loss=False needs config.model.capacity >= '),
+        ({'boundary.method': 'hnet', 'estimator.baseline': 'rloo'}, "baseline='rloo' needs"),
+        ({'model.kind': 'flat', 'estimator.baseline': 'value'}, "baseline='value' needs"),
+        ({'boundary.method': 'uniform', 'estimator.off_policy_steps': 5}, 'off_policy_steps=5'),
+        ({'boundary.method': 'nope'}, 'not a registered boundary method'),
+        ({'estimator.baseline': 'ppo'}, "baseline='ppo' is not valid"),
+        ({'estimator.baseline': 'rloo', 'estimator.rloo.k': 1}, 'rloo.k=1 must be'),
+        ({'boundary.gumbel.temperature': 0.0, 'boundary.method': 'gumbel'}, 'temperature=0.0'),
+        ({'boundary.policy.window': 0}, 'policy.window=0'),
+        ({'boundary.window': 8}, 'boundary.window no longer exists; use config.boundary.policy'),
+        ({'estimator.kind': 'none'}, 'estimator.kind no longer exists'),
+        ({'estimator.batch_relative': False}, 'config.estimator.baseline'),
+        ({'estimator.typo': 1}, 'config.estimator.typo is not a field'),
+    ],
+)
+def test_invalid_combinations_are_one_clear_error(changes, message):
+  with pytest.raises(UserError, match=message.replace('(', r'\(').replace('[', r'\[')):
+    config_defaults.validate(_base(**changes))
+
+
+def test_no_rate_loss_with_a_full_buffer_is_valid():
+  c = _base(**{'estimator.rate_loss': False})
+  c.model.capacity = c.data.seq_len
+  config_defaults.validate(c)
+  # Methods without the score function have no rate loss to switch off: nothing to check.
+  config_defaults.validate(_base(**{'estimator.rate_loss': False, 'boundary.method': 'stride'}))
+
+
+def test_upgrade_moves_a_config_saved_with_the_old_fields():
+  old = config_defaults.base_config().to_dict()
+  old['boundary'] = {
+      'method': 'policy',
+      'target_rate': 0.3,
+      'window': 8,
+      'scale': 0.25,
+      'temperature': 1.0,
+      'prior_weight': 1.0,
+      'ratio_weight': 0.05,
+      'bpe_tokenizer': 'tok.json',
+  }
+  old['estimator'] = dict(
+      {k: v for k, v in old['estimator'].items() if k not in ('rloo', 'value')},
+      kind='score_function',
+      batch_relative=False,
+      rloo_k=3,
+      gae_lambda=0.5,
+      value_weight=0.2,
+  )
+  old['estimator']['target_rate'] = 0.3  # Saved configs hold the shared value in both places.
+  old['model']['d_model'] = 64
+  c = config_defaults.upgrade(old)
+  assert c.boundary.policy.window == 8 and c.boundary.policy.scale == 0.25
+  assert c.boundary.hnet.ratio_weight == 0.05 and c.boundary.bpe.tokenizer == 'tok.json'
+  assert c.boundary.target_rate == c.estimator.target_rate == 0.3 and c.model.d_model == 64
+  assert c.estimator.baseline == 'none' and c.estimator.rloo.k == 3
+  assert c.estimator.value.gae_lambda == 0.5 and c.estimator.value.weight == 0.2
+  config_defaults.validate(c)
+  today = config_defaults.base_config()
+  assert config_defaults.upgrade(today).to_dict() == today.to_dict()

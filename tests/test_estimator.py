@@ -145,12 +145,12 @@ def test_score_function_gradient_is_unbiased_against_exact_enumeration(window):
 
 
 def test_score_function_terms_use_the_config_switches():
-  """Switching off batch-relative advantages or the rate loss changes the loss; lambda_rl = 0 removes
+  """Switching off the batch-relative baseline or the rate loss changes the loss; lambda_rl = 0 removes
   the policy gradient from the encoder-free policy parameters."""
   cfg = ml_collections.ConfigDict(
       dict(
           reward='early_exit',
-          batch_relative=True,
+          baseline='batch',
           gamma=0.99,
           lambda_rl=0.01,
           lambda_rate=0.01,
@@ -175,7 +175,7 @@ def test_score_function_terms_use_the_config_switches():
   mask = jnp.ones((4, 8))
   base, _ = estimator.score_function_terms(ce_full, ce_early, bnd, mask, cfg)
   for field, value in (
-      ('batch_relative', False),
+      ('baseline', 'none'),
       ('rate_loss', False),
       ('gamma', 1.0),
       ('reward', 'plain'),

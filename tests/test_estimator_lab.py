@@ -10,7 +10,6 @@ import pytest
 
 from tokjax import estimator
 from tokjax.analysis import estimators as lab
-from tokjax.models import boundaries as bd
 
 
 def test_summarize_recovers_the_variance_bias_and_cosine_of_a_known_gaussian():
@@ -114,45 +113,40 @@ def test_leave_one_out_and_gae_formulas():
   np.testing.assert_allclose(gae0, r + 0.9 * v_next - values, rtol=1e-6)
 
 
-def test_score_function_terms_default_is_unchanged_by_the_new_fields():
-  """baseline='batch' with the new fields present gives the same loss as a config without them, and
-  'rloo' changes it."""
-  old = ml_collections.ConfigDict(
-      dict(
-          reward='early_exit',
-          batch_relative=True,
-          gamma=0.99,
-          lambda_rl=0.01,
-          lambda_rate=0.01,
-          rate_loss=True,
-          target_rate=0.2,
-      )
-  )
-  new = ml_collections.ConfigDict(
-      dict(old.to_dict(), baseline='batch', rloo_k=4, gae_lambda=0.95, value_weight=0.01)
-  )
-  keys = jax.random.split(jax.random.PRNGKey(0), 4)
-  ce = jax.random.uniform(keys[0], (4, 8)) * 3
-  ce_early = ce + jax.random.normal(keys[1], (4, 8))
-  logits = jax.random.normal(keys[2], (4, 8))
-  actions, free, dropped = bd.enforce_convention(
-      (jax.random.uniform(keys[3], (4, 8)) < 0.3).astype(jnp.float32), 8
-  )
-  bnd = bd.Boundaries(
-      actions=actions,
-      logits=logits,
-      probs=jax.nn.sigmoid(logits),
-      log_probs=bd.bernoulli_log_prob(logits, actions),
-      free=free,
-      dropped=dropped,
-  )
+def test_every_baseline_is_one_registry_entry_with_its_config_section():
+  """The config's estimator sections come from the baseline declarations, and each baseline gives its
+  own coefficients: 'none' is the raw discounted reward, 'batch' centres it, 'rloo' leaves one out.
+  """
+  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+
+  assert set(estimator.BASELINES) >= {'none', 'batch', 'rloo', 'value'}
+  est = config_defaults.base_config().estimator
+  for name, b in estimator.BASELINES.items():
+    assert dict(est.get(name, {})) == b.defaults, name
+  keys = jax.random.split(jax.random.PRNGKey(0), 2)
+  r = jax.random.normal(keys[0], (4, 8))
   mask = jnp.ones((4, 8))
-  a, _ = estimator.score_function_terms(ce, ce_early, bnd, mask, old)
-  b, _ = estimator.score_function_terms(ce, ce_early, bnd, mask, new)
-  assert float(a) == float(b)
-  rloo = ml_collections.ConfigDict(dict(new.to_dict(), baseline='rloo', rloo_k=2))
-  c, _ = estimator.score_function_terms(ce, ce_early, bnd, mask, rloo)
-  assert float(c) != float(a)
+  cfg = ml_collections.ConfigDict(dict(est.to_dict(), gamma=0.9))
+  g = {}
+  for name in ('none', 'batch', 'rloo'):
+    cfg.baseline = name
+    cfg.rloo.k = 2
+    g[name] = np.asarray(estimator.advantages_and_returns(r, mask, cfg)[1])
+  np.testing.assert_allclose(g['none'], estimator.discounted_returns(r, 0.9), rtol=1e-6)
+  np.testing.assert_allclose(
+      g['batch'],
+      estimator.discounted_returns(estimator.batch_relative_advantages(r, mask), 0.9),
+      rtol=1e-6,
+  )
+  np.testing.assert_allclose(
+      g['rloo'],
+      estimator.discounted_returns(estimator.leave_one_out_advantages(r, mask, 2), 0.9),
+      rtol=1e-6,
+  )
+  assert (
+      estimator.BASELINES['rloo'].draws(cfg) == 2 and estimator.BASELINES['batch'].draws(cfg) == 1
+  )
+  assert [n for n, b in estimator.BASELINES.items() if b.critic] == ['value']
 
 
 @pytest.mark.parametrize('baseline', ['rloo', 'value'])
@@ -168,7 +162,7 @@ def test_training_objective_with_the_new_baselines(baseline):
   c.model.update(d_model=16, num_heads=2, capacity=16)
   c.data.update(seq_len=16, batch_size=2)
   c.estimator.baseline = baseline
-  c.estimator.rloo_k = 3
+  c.estimator.rloo.k = 3
   config_defaults.validate(c)
   model = models.build_model(c)
   params = nn.unbox(model.init(jax.random.PRNGKey(0), *models.init_args(c, 2, 16)))['params']
@@ -180,7 +174,7 @@ def test_training_objective_with_the_new_baselines(baseline):
   if baseline == 'value':
     assert 'critic' in params and float(metrics['value_loss']) > 0
     assert float(jnp.abs(grads['critic']['out']['kernel']).sum()) > 0
-    only_critic = lambda p: c.estimator.value_weight * estimator.value_loss(
+    only_critic = lambda p: c.estimator.value.weight * estimator.value_loss(
         model.apply({'params': p}, tokens, jax.random.PRNGKey(2))['values'],
         jnp.ones((2, 16)),
         jnp.ones((2, 16)),

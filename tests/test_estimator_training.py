@@ -17,6 +17,7 @@ def test_variants_spend_equal_draws_per_step_except_the_reference(tiny):
   assert full == (4 if tiny else 16)
   for name, c in configs.items():
     assert c.estimator.baseline == {'full': 'batch', 'gae': 'value'}.get(name, 'rloo'), name
+    assert c.train.steps == 10 and c.data.corpus == 'shakespeare'
     assert et.draws_per_step(c) == (4 * full if name == 'rloo4x16' else full), name
   # RLOO at equal draws sees K times fewer sequences: the trade the comparison measures.
   assert configs['rloo4x4'].data.batch_size * 4 == configs['full'].data.batch_size

@@ -1,13 +1,21 @@
 """The full set of config fields with their defaults, and their validation.
 
 Config files in configs/ start from `base_config()` and change what they need; every field can be
-overridden on the command line (`--config.model.d_model=256`). `validate` turns a bad value into one
-`UserError` line that says which field is wrong and what it accepts.
+overridden on the command line (`--config.model.d_model=256`). A config file may hold named variants
+(big_vision style): `get_config(arg)` receives the text after ':' in `--config configs/x.py:NAME`,
+and its `VARIANTS` dict names them (see `parse_variant`, `load`). `validate` turns a bad value into
+one `UserError` line that says which field is wrong and what it accepts.
 """
+
+import importlib.util
+import math
+import os
 
 import ml_collections
 
+from tokjax import estimator
 from tokjax.errors import UserError
+from tokjax.models import registry
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -44,37 +52,32 @@ def base_config() -> ml_collections.ConfigDict:
       capacity=128,  # Chunk buffer size C; boundaries beyond it are dropped (see boundaries.py).
       dtype='float32',  # Compute dtype: 'float32' | 'bfloat16' (parameters stay float32).
   )
+  # One sub-section per registered boundary method with settings (config.boundary.NAME, from the
+  # method's registry entry: tokjax/models/registry.py) and per estimator baseline with settings
+  # (config.estimator.NAME, from `estimator.BASELINES`).
   c.boundary = dict(
-      method='policy',  # 'policy' (score function) or a rival: see tokjax/models/rivals.py.
+      method='policy',  # A registered method: 'policy' (the paper) or a rival (tokjax/models/rivals/).
       target_rate=target_rate,
-      window=1,  # Policy window w: 1 = independent decisions, 8 = sequential (paper ref cfg).
-      scale=1.0 / 16.0,  # Logit scale s of the sequential (w > 1) policy.
-      # Rivals (tokjax/models/rivals/): 'hnet' | 'gumbel' | 'entropy' | 'whitespace' | 'stride' |
-      # 'uniform' | 'bpe'; they train with estimator.kind='none' and add their own rate losses.
-      temperature=1.0,  # Gumbel-sigmoid temperature ('gumbel').
-      prior_weight=1.0,  # Weight of the binomial rate prior ('gumbel').
-      ratio_weight=0.03,  # Weight of H-Net's ratio loss ('hnet').
-      bpe_tokenizer='',  # 'bpe': tokenizer JSON path; '' = train one on the training split (cached).
+      **{name: dict(m.defaults) for name, m in registry.methods().items() if m.defaults},
   )
   c.estimator = dict(
-      kind='score_function',  # 'score_function' | 'none' (methods trained without a policy gradient).
+      # The score-function estimator (tokjax/estimator.py). It trains a method whose registry entry has
+      # score_function=True (the 'policy'); other methods get no policy gradient and no rate loss.
       reward='early_exit',  # 'early_exit' (CE_early - CE_full) | 'plain' (-CE_full).
-      batch_relative=True,
+      # 'batch' (the paper's batch-relative advantage) | 'none' | 'rloo' (leave-one-out over
+      # estimator.rloo.k draws per sequence, one encoder pass) | 'value' (critic head on the encoder
+      # state, GAE(gamma, estimator.value.gae_lambda)): `estimator.BASELINES`.
+      baseline='batch',
       gamma=0.99,
       lambda_rl=0.01,
       lambda_rate=0.01,
-      lambda_early=0.1,
+      lambda_early=0.1,  # Weight of the early-exit head's CE (every hierarchical model).
       rate_loss=True,
       target_rate=target_rate,
-      off_policy_steps=0,  # Warm start: draw from Bernoulli(r*) for this many steps.
-      # Baseline of the score function (tokjax/estimator.py): 'batch' (the paper's batch-relative
-      # advantage, switched by batch_relative) | 'rloo' (leave-one-out over rloo_k boundary draws per
-      # sequence, one encoder pass) | 'value' (critic head on the encoder state, GAE(gamma, gae_lambda),
-      # critic regression weighted by value_weight).
-      baseline='batch',
-      rloo_k=4,
-      gae_lambda=0.95,
-      value_weight=0.01,
+      # Warm start: draw the first N steps' decisions from Bernoulli(r*), importance-weighted by each
+      # decision's own ratio (an approximation: see tokjax/estimator.py).
+      off_policy_steps=0,
+      **{name: dict(b.defaults) for name, b in estimator.BASELINES.items() if b.defaults},
   )
   c.optim = dict(
       lr=2e-3,
@@ -129,9 +132,60 @@ def base_config() -> ml_collections.ConfigDict:
 _CHOICES = {
     'model.kind': ('hierarchical', 'flat'),
     'model.dtype': ('float32', 'bfloat16'),
-    'estimator.kind': ('score_function', 'none'),
     'estimator.reward': ('early_exit', 'plain'),
 }
+# Fields renamed or removed when methods and baselines got their own sections: a config (or flag)
+# still using one is told the new name instead of having the value silently ignored.
+RENAMED = {
+    'boundary.window': 'config.boundary.policy.window',
+    'boundary.scale': 'config.boundary.policy.scale',
+    'boundary.temperature': 'config.boundary.gumbel.temperature',
+    'boundary.prior_weight': 'config.boundary.gumbel.prior_weight',
+    'boundary.ratio_weight': 'config.boundary.hnet.ratio_weight',
+    'boundary.bpe_tokenizer': 'config.boundary.bpe.tokenizer',
+    'estimator.kind': (
+        'nothing: whether a method trains with the score function comes from its registry entry '
+        '(remove the field; for no policy gradient on the policy set config.estimator.lambda_rl=0)'
+    ),
+    'estimator.batch_relative': 'config.estimator.baseline ("batch" or "none")',
+    'estimator.rloo_k': 'config.estimator.rloo.k',
+    'estimator.gae_lambda': 'config.estimator.value.gae_lambda',
+    'estimator.value_weight': 'config.estimator.value.weight',
+}
+
+
+def upgrade(saved) -> ml_collections.ConfigDict:
+  """A config saved before methods and baselines had their own sections, in today's fields.
+
+  saved: a dict or ConfigDict (e.g. read from an older checkpoint). Renamed fields move to their new
+  place, `estimator.batch_relative=False` becomes baseline 'none', `estimator.kind` is dropped, and
+  fields the saved config lacks take today's defaults. A current config comes back unchanged.
+  """
+  old = saved.to_dict() if isinstance(saved, ml_collections.ConfigDict) else dict(saved)
+  old = {k: dict(v) if isinstance(v, dict) else v for k, v in old.items()}
+  est = old.get('estimator', {})
+  if est.pop('batch_relative', True) is False and est.get('baseline', 'batch') == 'batch':
+    est['baseline'] = 'none'
+  est.pop('kind', None)
+  c = base_config()
+  for dotted, new in RENAMED.items():
+    section, key = dotted.split('.')
+    if key in old.get(section, {}) and new.startswith('config.') and ' ' not in new:
+      *path, leaf = new[len('config.') :].split('.')
+      target = c
+      for part in path:
+        target = target[part]
+      target[leaf] = old[section].pop(key)
+
+  def merge(target, values):
+    for k, v in values.items():
+      if isinstance(v, dict) and k in target and isinstance(target[k], ml_collections.ConfigDict):
+        merge(target[k], v)
+      else:
+        target[k] = v
+
+  merge(c, old)
+  return c
 
 
 def _get(config, dotted):
@@ -140,11 +194,47 @@ def _get(config, dotted):
   return config
 
 
+def _non_finite(value, name):
+  """The dotted name of the first NaN or infinite number in value (nested dicts, lists), or None."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return name
+  if isinstance(value, (dict, ml_collections.ConfigDict)):
+    for k, v in value.items():
+      found = _non_finite(v, f'{name}.{k}')
+      if found:
+        return found
+  if isinstance(value, (list, tuple)):
+    for i, v in enumerate(value):
+      found = _non_finite(v, f'{name}[{i}]')
+      if found:
+        return found
+  return None
+
+
+def _check_sections(config) -> None:
+  """Unknown fields of config.boundary and config.estimator (renamed ones say their new name)."""
+  base = base_config()
+  for section in ('boundary', 'estimator'):
+    for key in config[section].keys():
+      if key in base[section]:
+        continue
+      dotted = f'{section}.{key}'
+      if dotted in RENAMED:
+        raise UserError(f'config.{dotted} no longer exists; use {RENAMED[dotted]}.')
+      raise UserError(
+          f'config.{dotted} is not a field; config.{section} has {sorted(base[section].keys())}.'
+      )
+
+
 def validate(config) -> None:
   """Raises UserError naming the first bad field and what it accepts."""
+  bad = _non_finite(config.to_dict(), 'config')
+  if bad:
+    raise UserError(f'{bad}={_get(config, bad[len("config."):])!r} must be a finite number.')
   for field, choices in _CHOICES.items():
     if _get(config, field) not in choices:
       raise UserError(f'config.{field}={_get(config, field)!r} is not valid; use one of {choices}.')
+  _check_sections(config)
   positive = [
       'data.batch_size',
       'model.d_model',
@@ -181,27 +271,35 @@ def validate(config) -> None:
     )
   if not 0.0 <= config.estimator.gamma <= 1.0:
     raise UserError(f'config.estimator.gamma={config.estimator.gamma} must be in [0, 1].')
-  est = config.estimator
-  baseline = est.get('baseline', 'batch')  # Configs saved before these fields existed still load.
-  if baseline not in ('batch', 'rloo', 'value'):
-    raise UserError(
-        f'config.estimator.baseline={baseline!r} is not valid; use one of '
-        "('batch', 'rloo', 'value')."
-    )
-  if baseline == 'rloo' and not (isinstance(est.rloo_k, int) and est.rloo_k >= 2):
-    raise UserError(
-        f'config.estimator.rloo_k={est.rloo_k!r} must be an integer >= 2 (leave-one-out '
-        'needs at least two boundary draws per sequence).'
-    )
-  if baseline == 'value' and not 0.0 <= est.gae_lambda <= 1.0:
-    raise UserError(f'config.estimator.gae_lambda={est.gae_lambda} must be in [0, 1].')
-  if baseline != 'batch' and (est.kind != 'score_function' or config.model.kind != 'hierarchical'):
-    raise UserError(
-        f'config.estimator.baseline={baseline!r} needs estimator.kind="score_function" and '
-        'model.kind="hierarchical"; set --config.estimator.baseline=batch.'
-    )
   if config.optim.lr <= 0:
     raise UserError(f'config.optim.lr={config.optim.lr} must be positive.')
+  method = registry.get(config.boundary.method)
+  if method.validate:
+    method.validate(config)
+  est = config.estimator
+  baseline = estimator.baseline(est.baseline)
+  if baseline.validate:
+    baseline.validate(est)
+  policy_gradient = config.model.kind == 'hierarchical' and method.score_function
+  if (baseline.critic or baseline.draws(est) > 1) and not policy_gradient:
+    raise UserError(
+        f'config.estimator.baseline={est.baseline!r} needs a hierarchical model whose boundary '
+        f'method trains with the score function (boundary.method="policy"); this config has '
+        f'model.kind={config.model.kind!r}, boundary.method={config.boundary.method!r}. Set '
+        '--config.estimator.baseline=batch.'
+    )
+  if est.off_policy_steps > 0 and not policy_gradient:
+    raise UserError(
+        f'config.estimator.off_policy_steps={est.off_policy_steps} needs a boundary method '
+        'trained with the score function (boundary.method="policy"); set it to 0.'
+    )
+  if policy_gradient and not est.rate_loss and config.model.capacity < config.data.seq_len:
+    raise UserError(
+        f'config.estimator.rate_loss=False needs config.model.capacity >= config.data.seq_len '
+        f'(here {config.model.capacity} < {config.data.seq_len}): nothing holds the rate down, and '
+        f'a smaller buffer caps it at about capacity / seq_len; set '
+        f'--config.model.capacity={config.data.seq_len}.'
+    )
 
 
 # The paper's reference setups (method.md): d, heads, down/mid/up, seq, batch, lr, bytes, corpus.
@@ -257,7 +355,7 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
       capacity=1024,
       dtype='bfloat16',
   )
-  c.boundary.window = 8
+  c.boundary.policy.window = 8
   c.optim.update(lr=p['lr'], warmup_steps=500)  # Warmup length: ours; the paper gives none.
   c.train.update(
       steps=int(p['bytes'] // (p['seq'] * p['batch'])),
@@ -269,3 +367,46 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
   c.eval.update(batch_size=64, max_batches=32)
   c.mesh.update(data=1, fsdp=-1, tensor=1)  # FSDP over every device: the batch splits evenly.
   return c
+
+
+def tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Shrinks a CPU config to smoke-test size in place (the experiments' --tiny): d_model 32, 1 main
+  layer, L = 64, B = 4, one eval batch."""
+  c.model.update(d_model=32, num_heads=2, main_layers=1, capacity=32)
+  c.model.byte_window = 16 if c.model.kind == 'hierarchical' else 0
+  c.data.update(seq_len=64, batch_size=4)
+  c.eval.update(batch_size=4, max_batches=1)
+  c.optim.warmup_steps = 2
+  return c
+
+
+def parse_variant(arg, variants, default: str) -> tuple[str, set[str]]:
+  """'NAME' or 'NAME,tiny' (the text after ':' in --config FILE:ARG) -> (NAME, {'tiny'}).
+
+  variants: the names the file offers; default: the name when arg is None or empty.
+  """
+  name, *options = (arg or default).split(',')
+  if name not in variants:
+    raise UserError(f'unknown config variant {name!r}; use one of {",".join(variants)}.')
+  unknown = set(options) - {'tiny'}
+  if unknown:
+    raise UserError(f'unknown config option(s) {sorted(unknown)} after {name!r}; use "tiny".')
+  return name, set(options)
+
+
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
+
+
+def load_module(name: str):
+  """The module of configs/NAME.py (loaded by path: configs/ is not a package)."""
+  path = os.path.join(CONFIGS_DIR, name + '.py')
+  spec = importlib.util.spec_from_file_location(f'tokjax_configs_{name}', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def load(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """get_config(arg) of configs/NAME.py: what `--config configs/NAME.py:ARG` gives tokjax.train."""
+  module = load_module(name)
+  return module.get_config() if arg is None else module.get_config(arg)

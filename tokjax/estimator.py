@@ -2,26 +2,43 @@
 
 Per byte position t of row b (CE in nats of predicting byte t+1 at position t):
   1. reward      r_bt = CE_early(t) - CE_full(t)      ('early_exit'), or -CE_full(t)   ('plain')
-  2. advantage   A_bt = r_bt - mean_b' r_b't          (batch-relative, over valid rows; optional)
+  2. advantage   A_bt = r_bt - mean_b' r_b't          (batch-relative over valid rows: baseline 'batch')
   3. return      G_bt = A_bt + gamma * G_b,t+1        (reverse lax.scan along the sequence)
   4. policy loss -lambda_rl * mean_bt(stopgrad(w_bt G_bt) * log pi(a_bt)) over the policy's own decisions
                  (w_bt: importance ratio pi/mu during an off-policy warm start, else 1)
   5. rate loss   lambda_rate * mean_bt(logit_bt) * stopgrad(mean(p) - target_rate)
-Baselines past the paper (config.estimator.baseline; 'batch' is step 2 above, the default):
-  'rloo'   K draws of boundaries per sequence (rows k*B + b, sharing one encoder pass):
-           A_kbt = r_kbt - mean_{k' != k} r_k'bt, then discounted as in step 3. The other draws are
-           independent of draw k's actions, so this baseline adds no bias at any gamma.
-  'value'  a critic V_bt(encoder state h_bt) and GAE(gamma, lambda):
+Baselines (config.estimator.baseline, declared at the end of this file in `BASELINES`; 'batch' is
+step 2 above, the default):
+  'none'   A_bt = r_bt (no baseline).
+  'batch'  step 2: the batch-relative advantage (the paper).
+  'rloo'   K = estimator.rloo.k draws of boundaries per sequence (rows k*B + b, sharing one encoder
+           pass): A_kbt = r_kbt - mean_{k' != k} r_k'bt, then discounted as in step 3. The other draws
+           are independent of draw k's actions, so this baseline adds no bias at any gamma.
+  'value'  a critic V_bt(encoder state h_bt) and GAE(gamma, lambda = estimator.value.gae_lambda):
            delta_t = r_t + gamma V_{t+1} - V_t,  A_t = delta_t + gamma lambda A_{t+1};
-           the critic is regressed on the detached discounted return G_t (value_weight * MSE relative to
-           mean G^2). h_bt does
-           not depend on any action, so at gamma = lambda = 1 (A_t = G_t - V_t) it is unbiased.
+           the critic is regressed on the detached discounted return G_t (estimator.value.weight * MSE
+           relative to mean G^2). h_bt does not depend on any action, so at gamma = lambda = 1
+           (A_t = G_t - V_t) it is unbiased.
+A new baseline is one more `register_baseline(Baseline(...))` here (see README, "Extending tokjax").
+Off-policy warm start (estimator.off_policy_steps > 0): the decisions of the first steps are drawn from
+mu = Bernoulli(r*) instead of pi, and step 4's weight of decision t is its own ratio
+w_bt = pi(a_bt) / mu(a_bt) only. This is an approximation: G_bt sums rewards at positions k >= t, and
+the reward at k depends on every decision up to k, so the unbiased per-decision importance weight of
+the term (t, k) is prod_{j <= k} pi(a_bj) / mu(a_bj). Dropping the ratios of the other decisions
+(j != t) biases the gradient by however far those ratios are from 1; the bias vanishes as pi -> mu,
+which is where the warm start begins (the policy's bias starts at logit(r*) and its projection near 0,
+so pi is close to mu). Off by default (0 steps); the paper's runs do not use it.
 The sign: a high return means "better than exiting early", so raising log pi of the action that
 preceded it lowers the loss. Rewards are detached: the LM losses never reach the policy's logits.
 """
 
+import dataclasses
+from typing import Any, Callable
+
 import jax
 import jax.numpy as jnp
+
+from tokjax.errors import UserError
 
 
 def rewards(ce_full, ce_early, kind: str):
@@ -113,47 +130,31 @@ def rate_loss(logits, probs, mask, target_rate: float):
 
 
 def advantages_and_returns(r, mask, cfg, values=None):
-  """The coefficient G of log pi under cfg.baseline, and the critic's loss (0 without a critic).
+  """The coefficient G of log pi under cfg.baseline, and the baseline's own loss (0 without a critic).
 
   r: float32[B, L] rewards (rows sample-major in K groups for 'rloo'); values: float32[B, L] for
   'value'. Returns (adv: [B, L] per-position advantages before discounting (GAE deltas for 'value'),
-  G: [B, L], critic loss: scalar).
+  G: [B, L], loss: scalar, already weighted, metrics: dict of scalars).
   """
-  baseline = cfg.get('baseline', 'batch')
-  if baseline == 'batch':
-    adv = batch_relative_advantages(r, mask) if cfg.batch_relative else r
-    return adv, discounted_returns(adv, cfg.gamma), jnp.zeros(())
-  if baseline == 'rloo':
-    adv = leave_one_out_advantages(r, mask, cfg.rloo_k)
-    return adv, discounted_returns(adv, cfg.gamma), jnp.zeros(())
-  if baseline == 'value':
-    if values is None:
-      raise ValueError(
-          'baseline "value" needs the critic\'s values (model built with value_head=True)'
-      )
-    g = gae_advantages(r, values, cfg.gamma, cfg.gae_lambda, mask)
-    return g, g, value_loss(values, discounted_returns(r, cfg.gamma), mask)
-  raise ValueError(f'unknown baseline {baseline!r}; use "batch", "rloo" or "value"')
+  return baseline(cfg.baseline).advantages(r, mask, cfg, values)
 
 
 def score_function_terms(ce_full, ce_early, bnd, mask, cfg, values=None):
   """The policy and rate losses of a boundary draw (and the critic's loss), and diagnostics.
 
   ce_full, ce_early: float32[B, L]; bnd: `Boundaries`; mask: float32[B, L] of valid targets;
-  cfg: the `estimator` config (reward, batch_relative, gamma, lambda_rl, lambda_rate, target_rate,
-  and optionally baseline, rloo_k, gae_lambda, value_weight); values: float32[B, L] critic output for
-  baseline 'value'. Returns (loss: scalar, metrics: dict of scalars).
+  cfg: the `estimator` config (reward, baseline and its section, gamma, lambda_rl, lambda_rate,
+  rate_loss, target_rate); values: float32[B, L] critic output for baseline 'value'.
+  Returns (loss: scalar, metrics: dict of scalars).
   """
   r = rewards(ce_full, ce_early, cfg.reward) * mask
-  adv, g, critic = advantages_and_returns(r, mask, cfg, values)
+  adv, g, baseline_loss, baseline_metrics = advantages_and_returns(r, mask, cfg, values)
   free = bnd.free & (mask > 0)
   log_ratio = bnd.stats.get('log_ratio')
   weights = None if log_ratio is None else jnp.exp(log_ratio)
   pg = policy_loss(bnd.log_probs, g, free, weights)
   rate = rate_loss(bnd.logits, bnd.probs, free, cfg.target_rate)
-  loss = cfg.lambda_rl * pg + (cfg.lambda_rate * rate if cfg.rate_loss else 0.0)
-  if values is not None:
-    loss = loss + cfg.value_weight * critic
+  loss = cfg.lambda_rl * pg + (cfg.lambda_rate * rate if cfg.rate_loss else 0.0) + baseline_loss
   n_free = jnp.maximum(jnp.sum(free), 1)
   p = jnp.clip(bnd.probs, 1e-6, 1 - 1e-6)
   entropy = -(p * jnp.log(p) + (1 - p) * jnp.log1p(-p))
@@ -165,6 +166,124 @@ def score_function_terms(ce_full, ce_early, bnd, mask, cfg, values=None):
       'advantage_var': jnp.sum(jnp.where(free, (adv - adv_mean) ** 2, 0.0)) / n_free,
       'return_abs': jnp.sum(jnp.where(free, jnp.abs(g), 0.0)) / n_free,
   }
-  if values is not None:
-    metrics['value_loss'] = critic
+  metrics.update(baseline_metrics)
   return loss, metrics
+
+
+# ----------------------------------------------------------------------------------------------------
+# The baselines of the score function.
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+  """One baseline of the score function, chosen by config.estimator.baseline = name.
+
+  advantages: (r, mask, cfg, values) -> (adv, G, loss, metrics) as in `advantages_and_returns`; cfg
+    is config.estimator, the baseline's settings are cfg[name].
+  defaults: the fields of config.estimator.NAME with their defaults ({} = no settings).
+  draws: cfg -> boundary draws per sequence (> 1: the model draws them from one encoder pass and the
+    rows come sample-major, draw k of sequence b at row k * B + b).
+  critic: the model needs its value head (`values`).
+  validate: optional cfg -> None raising UserError for bad settings.
+  """
+
+  name: str
+  advantages: Callable[..., Any]
+  defaults: dict = dataclasses.field(default_factory=dict)
+  draws: Callable[[Any], int] = lambda cfg: 1
+  critic: bool = False
+  description: str = ''
+  validate: Callable[[Any], None] | None = None
+
+
+BASELINES: dict[str, Baseline] = {}
+
+
+def register_baseline(b: Baseline) -> Baseline:
+  BASELINES[b.name] = b
+  return b
+
+
+def baseline(name: str) -> Baseline:
+  """The baseline called `name`, or a UserError listing the registered ones."""
+  if name not in BASELINES:
+    raise UserError(
+        f'config.estimator.baseline={name!r} is not valid; use one of {tuple(BASELINES)}.'
+    )
+  return BASELINES[name]
+
+
+def _discounted(adv, cfg):
+  return adv, discounted_returns(adv, cfg.gamma), jnp.zeros(()), {}
+
+
+register_baseline(
+    Baseline(
+        name='none',
+        advantages=lambda r, mask, cfg, values: _discounted(r, cfg),
+        description='no baseline: A = r',
+    )
+)
+register_baseline(
+    Baseline(
+        name='batch',
+        advantages=lambda r, mask, cfg, values: _discounted(
+            batch_relative_advantages(r, mask), cfg
+        ),
+        description='batch-relative advantage: r minus the batch mean at each position (the paper)',
+    )
+)
+
+
+def _validate_rloo(cfg):
+  if not (isinstance(cfg.rloo.k, int) and cfg.rloo.k >= 2):
+    raise UserError(
+        f'config.estimator.rloo.k={cfg.rloo.k!r} must be an integer >= 2 (leave-one-out needs at '
+        'least two boundary draws per sequence).'
+    )
+
+
+register_baseline(
+    Baseline(
+        name='rloo',
+        advantages=lambda r, mask, cfg, values: _discounted(
+            leave_one_out_advantages(r, mask, cfg.rloo.k), cfg
+        ),
+        defaults=dict(k=4),  # Boundary draws per sequence (one encoder pass).
+        draws=lambda cfg: cfg.rloo.k,
+        description='leave-one-out over k boundary draws of each sequence',
+        validate=_validate_rloo,
+    )
+)
+
+
+def _value_advantages(r, mask, cfg, values):
+  if values is None:
+    raise ValueError(
+        'baseline "value" needs the critic\'s values (model built with value_head=True)'
+    )
+  g = gae_advantages(r, values, cfg.gamma, cfg.value.gae_lambda, mask)
+  critic = value_loss(values, discounted_returns(r, cfg.gamma), mask)
+  return g, g, cfg.value.weight * critic, {'value_loss': critic}
+
+
+def _validate_value(cfg):
+  if not 0.0 <= cfg.value.gae_lambda <= 1.0:
+    raise UserError(f'config.estimator.value.gae_lambda={cfg.value.gae_lambda} must be in [0, 1].')
+  if not cfg.value.weight >= 0.0:
+    raise UserError(f'config.estimator.value.weight={cfg.value.weight} must be >= 0.')
+
+
+register_baseline(
+    Baseline(
+        name='value',
+        advantages=_value_advantages,
+        defaults=dict(
+            gae_lambda=0.95,  # GAE lambda.
+            weight=0.01,  # Weight of the critic's regression loss.
+        ),
+        critic=True,
+        description='learned value baseline (critic on the encoder state) with GAE(gamma, lambda)',
+        validate=_validate_value,
+    )
+)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from tokjax import estimator
+from tokjax.models import registry
 
 LN2 = math.log(2.0)
 WHITESPACE = (9, 10, 13, 32)  # \t \n \r space: the "spacelike" bytes boundary metrics refer to.
@@ -56,20 +57,24 @@ def flat_objective(model, params, batch, key, step):
 def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample'):
   """The paper's total loss for one batch with boundaries drawn by `mode` ('sample' in training).
 
-  cfg: the full config (uses cfg.estimator). Returns (loss, (metrics, CE_full float32[B, L])).
+  cfg: the full config: cfg.estimator applies when the registry says cfg.boundary.method trains with
+  the score function. Returns (loss, (metrics, CE_full float32[B, L])).
   """
   est = cfg.estimator
+  score_function = registry.get(cfg.boundary.method).score_function
   kwargs = {}
   if est.off_policy_steps > 0:
     kwargs['behavior'] = step < est.off_policy_steps
-  baseline = est.get('baseline', 'batch') if est.kind == 'score_function' else 'batch'
+  draws = estimator.baseline(est.baseline).draws(est) if score_function else 1
   inputs, targets, mask = batch['inputs'], batch['targets'], batch['mask']
-  if baseline == 'rloo':
-    # rloo_k draws per sequence, one encoder pass; rows k*B + b. The LM loss averages over all draws.
-    k = est.rloo_k
-    out = model.apply({'params': params}, inputs, key, k, mode=mode, method='sample_k', **kwargs)
-    ce_early = jnp.tile(cross_entropy(out['early_logits'], targets) * mask, (k, 1))
-    tile = lambda x: jnp.tile(x, (k, 1))
+  if draws > 1:
+    # `draws` boundary draws per sequence, one encoder pass; rows k*B + b. The LM loss averages over
+    # all draws.
+    out = model.apply(
+        {'params': params}, inputs, key, draws, mode=mode, method='sample_k', **kwargs
+    )
+    ce_early = jnp.tile(cross_entropy(out['early_logits'], targets) * mask, (draws, 1))
+    tile = lambda x: jnp.tile(x, (draws, 1))
     inputs, targets, mask = tile(inputs), tile(targets), tile(mask)
   else:
     out = model.apply({'params': params}, inputs, key, mode=mode, **kwargs)
@@ -79,7 +84,7 @@ def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample'):
   loss_full, loss_early = masked_mean(ce_full, mask), masked_mean(ce_early, mask)
   loss = (1.0 - est.lambda_early) * loss_full + est.lambda_early * loss_early + bnd.aux_loss
   metrics = {'bpb': loss_full / LN2, 'bpb_early': loss_early / LN2}
-  if est.kind == 'score_function':
+  if score_function:
     rl_loss, rl_metrics = estimator.score_function_terms(
         ce_full, ce_early, bnd, mask, est, values=out.get('values')
     )

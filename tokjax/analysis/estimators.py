@@ -267,11 +267,10 @@ class Variant:
     return ml_collections.ConfigDict(
         dict(
             reward=self.reward,
-            baseline='batch' if self.baseline == 'none' else self.baseline,
-            batch_relative=self.baseline == 'batch',
+            baseline=self.baseline,
             gamma=self.gamma,
-            gae_lambda=self.gae_lambda,
-            rloo_k=max(self.rloo_k, 2),
+            rloo=dict(k=max(self.rloo_k, 2)),
+            value=dict(gae_lambda=self.gae_lambda, weight=0.0),
         )
     )
 

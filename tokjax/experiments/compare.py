@@ -2,9 +2,10 @@ r"""Train every boundary method at the same parameter count, target rate and byt
 
   python -m tokjax.experiments.compare --corpus shakespeare --bytes 2e6 --out results/compare/shakespeare
 
-Methods: 'policy' (the score-function method, configs/default.py), every rival of
-tokjax.models.rivals (configs/rival_*.py) and 'flat' (configs/flat_cpu.py with its layer count chosen to
-match the hierarchical parameter count). Each trains with `tokjax.train.train` for
+Methods: the variants of configs/compare.py, i.e. every boundary method of the registry
+(tokjax/models/registry.py: 'policy', the score-function method, and the rivals) and 'flat' (its layer
+count chosen to match the hierarchical parameter count); `python -m tokjax.experiments.compare
+--helpfull` lists them. Each trains with `tokjax.train.train` for
 steps = bytes / (batch * seq_len) in its own workdir OUT/METHOD (its console output goes to
 OUT/METHOD/train.log); a method whose OUT/METHOD/result.json exists is not retrained. Then the last
 checkpoint is evaluated per document on val and test (bits-per-byte with the standard error over
@@ -32,9 +33,20 @@ from tokjax import train as train_lib
 from tokjax.data import pipeline
 from tokjax.errors import UserError
 from tokjax.metric_writers import read_metrics
-from tokjax.models import rivals
 
-METHODS = ('policy',) + rivals.METHODS + ('flat',)
+
+def method_names() -> tuple[str, ...]:
+  """The variants of configs/compare.py: every registered boundary method, then 'flat'."""
+  return tuple(config_defaults.load_module('compare').VARIANTS)
+
+
+def variant_config(method: str, corpus: str, tiny: bool, seed: int = 0):
+  """configs/compare.py:METHOD[,tiny] with the command's corpus and seed (before budget and workdir)."""
+  c = config_defaults.load('compare', f'{method},tiny' if tiny else method)
+  c.data.corpus = corpus
+  c.seed = seed
+  return c
+
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
   _CORPUS = flags.DEFINE_string(
@@ -45,7 +57,7 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   )
   _OUT = flags.DEFINE_string('out', 'results/compare/run', 'Results folder.')
   _METHODS = flags.DEFINE_list(
-      'methods', ','.join(METHODS), 'Methods to train, from ' + ','.join(METHODS)
+      'methods', ','.join(method_names()), 'Methods to train, from ' + ','.join(method_names())
   )
   _TINY = flags.DEFINE_bool('tiny', False, 'Tiny model and eval (smoke tests).')
   _EVAL_DOCS = flags.DEFINE_integer(
@@ -58,25 +70,6 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   )
   _EVAL_EVERY = flags.DEFINE_integer('evals', 4, 'Val evaluations during training (curve points).')
   _SEED = flags.DEFINE_integer('seed', 0, 'Seed of every run.')
-
-
-def method_config(method: str, corpus: str, tiny: bool, seed: int = 0):
-  """The config of `method` (before budget and workdir are set)."""
-  c = config_defaults.base_config()
-  if method == 'flat':
-    c.model.kind, c.model.byte_window, c.estimator.kind = 'flat', 0, 'none'
-  elif method != 'policy':
-    if method not in rivals.METHODS:
-      raise UserError(f'unknown method {method!r}; use some of {",".join(METHODS)}.')
-    c.boundary.method, c.estimator.kind = method, 'none'
-  c.data.corpus = corpus
-  c.seed = seed
-  if tiny:
-    c.model.d_model, c.model.num_heads, c.model.main_layers, c.model.capacity = 32, 2, 1, 32
-    c.model.byte_window = 16 if method != 'flat' else 0
-    c.data.seq_len, c.data.batch_size, c.eval.batch_size, c.eval.max_batches = 64, 4, 4, 1
-    c.optim.warmup_steps = 2
-  return c
 
 
 def param_count(config) -> int:
@@ -272,12 +265,13 @@ def compare(
     corpus, total_bytes, out_dir, methods, tiny=False, eval_cap=(0, 0), evals=4, command='', seed=0
 ):
   """Runs the comparison; returns the list of per-method result dicts (also written to out_dir)."""
-  bad = [m for m in methods if m not in METHODS]
+  known = method_names()
+  bad = [m for m in methods if m not in known]
   if bad or not methods:
-    raise UserError(f'unknown method(s) {bad}; --methods takes some of {",".join(METHODS)}.')
+    raise UserError(f'unknown method(s) {bad}; --methods takes some of {",".join(known)}.')
   os.makedirs(out_dir, exist_ok=True)
-  configs = {m: method_config(m, corpus, tiny, seed) for m in methods}
-  base = method_config('policy', corpus, tiny, seed)
+  configs = {m: variant_config(m, corpus, tiny, seed) for m in methods}
+  base = variant_config('policy', corpus, tiny, seed)
   steps = max(1, round(total_bytes / (base.data.batch_size * base.data.seq_len)))
   hier_params = param_count(base)
   if 'flat' in configs:

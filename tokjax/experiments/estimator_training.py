@@ -3,14 +3,8 @@ r"""Train the score-function method under each baseline at equal compute, over s
   python -m tokjax.experiments.estimator_training --corpus shakespeare --steps 600 --seeds 0,1,2 \
       --out results/estimators/training
 
-Variants (config overrides of configs/default.py; "draws" = boundary draws per step, each one pass of
-the main and decoder stacks over a 256-byte sequence, i.e. what sets the step's cost):
-
-  full       the paper's batch-relative advantage, B = 16 sequences x 1 draw       (16 draws/step)
-  gae        learned value baseline + GAE(0.99, 0.95), B = 16 x 1                  (16 draws/step)
-  rloo4x4    leave-one-out over K = 4 draws of each of B = 4 sequences             (16 draws/step)
-  rloo2x8    leave-one-out over K = 2 draws of each of B = 8 sequences             (16 draws/step)
-  rloo4x16   K = 4 draws of B = 16 sequences: 4x the compute, a reference only     (64 draws/step)
+Variants: those of configs/estimators.py (its docstring describes them; "draws" = boundary draws per
+step, what sets the step's cost): full, gae, rloo4x4, rloo2x8 at 16 draws per step, rloo4x16 at 64.
 
 At 16 draws per step the RLOO variants cost the same main/decoder compute as the full method but see
 B*L distinct training bytes per step (4x fewer for rloo4x4): the trade RLOO makes is more samples of
@@ -18,8 +12,9 @@ boundaries per sequence for fewer sequences. Each run trains with `tokjax.train.
 (console output in train.log); a run whose result.json exists is not retrained, so a grid can be split over
 several processes (e.g. one per core with `taskset`) and summarised by a last call with all of it.
 OUT gets results.md / results.json (mean ± standard deviation over seeds) and curves.png.
-What counts at CPU scale is how fast the boundary policy learns (shared/cpu-scale-findings.md:
-bits-per-byte does not separate boundary estimators here): the table reports the sampled and greedy
+What counts at CPU scale is how fast the boundary policy learns (bits-per-byte barely separates
+boundary estimators at this size: final val bpb within 0.003 of each other at equal training bytes
+for full and gae, README): the table reports the sampled and greedy
 whitespace recall of the policy on validation over training, and the steps until the sampled policy
 ends a chunk at >= 90% of whitespace bytes.
 """
@@ -31,27 +26,12 @@ import sys
 from absl import flags, logging
 import numpy as np
 
-from tokjax import cli, config_defaults
+from tokjax import cli, config_defaults, estimator
 from tokjax.errors import UserError
 from tokjax.experiments import compare
 from tokjax.metric_writers import read_metrics
 
-# name -> (estimator overrides, sequences per step B, one-line description)
-VARIANTS = {
-    'full': ({'baseline': 'batch'}, 16, 'batch-relative advantage (the paper), 16 x 1'),
-    'gae': (
-        {'baseline': 'value', 'gae_lambda': 0.95},
-        16,
-        'value baseline + GAE(0.99, 0.95), 16 x 1',
-    ),
-    'rloo4x4': ({'baseline': 'rloo', 'rloo_k': 4}, 4, 'RLOO, 4 sequences x K = 4 draws'),
-    'rloo2x8': ({'baseline': 'rloo', 'rloo_k': 2}, 8, 'RLOO, 8 sequences x K = 2 draws'),
-    'rloo4x16': (
-        {'baseline': 'rloo', 'rloo_k': 4},
-        16,
-        'RLOO, 16 sequences x K = 4 draws (4x compute)',
-    ),
-}
+VARIANTS = config_defaults.load_module('estimators').VARIANTS  # name -> one-line description.
 WS_THRESHOLD = (
     0.9  # "Learned": the sampled policy ends a chunk at this fraction of whitespace bytes.
 )
@@ -77,14 +57,12 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
 def variant_config(
     variant: str, corpus: str, seed: int, steps: int, eval_every: int, tiny: bool = False
 ):
-  """configs/default.py with the variant's estimator and batch; validated."""
+  """configs/estimators.py:VARIANT[,tiny] with the command's corpus, seed and schedule; validated."""
   if variant not in VARIANTS:
     raise UserError(f'unknown variant {variant!r}; --variants takes some of {",".join(VARIANTS)}.')
-  overrides, batch, _ = VARIANTS[variant]
-  c = compare.method_config('policy', corpus, tiny, seed)
-  c.estimator.update(overrides)
-  # The tiny config keeps its small batch, scaled like the real one (full: 4 x 1, rloo4x4: 1 x 4).
-  c.data.batch_size = max(1, batch * c.data.batch_size // 16) if tiny else batch
+  c = config_defaults.load('estimators', f'{variant},tiny' if tiny else variant)
+  c.data.corpus = corpus
+  c.seed = seed
   c.train.steps, c.train.eval_every, c.train.checkpoint_every = steps, eval_every, steps
   c.train.log_every = max(1, min(25, steps // 8))
   config_defaults.validate(c)
@@ -93,7 +71,7 @@ def variant_config(
 
 def draws_per_step(config) -> int:
   est = config.estimator
-  return config.data.batch_size * (est.rloo_k if est.baseline == 'rloo' else 1)
+  return config.data.batch_size * estimator.baseline(est.baseline).draws(est)
 
 
 def first_step_at(steps, values, threshold):
@@ -197,7 +175,7 @@ def write_outputs(out_dir, runs, meta):
     )
   lines += (
       ['', 'Variants:', '']
-      + [f'- `{n}`: {VARIANTS[n][2]}; seeds {meta["seeds"][n]}' for n in runs]
+      + [f'- `{n}`: {VARIANTS[n]}; seeds {meta["seeds"][n]}' for n in runs]
       + ['']
   )
   with open(os.path.join(out_dir, 'results.md'), 'w') as f:

@@ -15,8 +15,8 @@ window covers exactly one whole word is the same chunk in both copies (an exact 
 while chunks cut mid-word differ between the copies.
 
 THE EXPERIMENT. Writes the training corpus to WORKDIR/corpus/ (one file per document: the trainer
-reads the folder as config.data.corpus) and trains configs/synthetic_cpu.py with `tokjax.train.train`
-once per run in WORKDIR/RUN:
+reads the folder as config.data.corpus) and trains each run, a variant of configs/synthetic_cpu.py
+(`--config configs/synthetic_cpu.py:RUN`), with `tokjax.train.train` in WORKDIR/RUN:
   method   the score-function policy (the method under test);
   control  the same with estimator.lambda_rl = 0: no policy gradient, boundaries stay Bernoulli(0.2)
            noise (the rate loss only holds the rate);
@@ -32,7 +32,6 @@ OUT/results.md (F1 and bpb against steps, per run).
 """
 
 import dataclasses
-import importlib.util
 import json
 import os
 import sys
@@ -43,13 +42,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import checkpointing, cli, evaluation
+from tokjax import checkpointing, cli, config_defaults, evaluation
 from tokjax import train as train_lib
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 from tokjax.losses import cross_entropy
 
-RUNS = ('method', 'control', 'oracle', 'uniform')
+RUNS = tuple(config_defaults.load_module('synthetic_cpu').VARIANTS)  # Its runs: configs' variants.
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
   _STEPS = flags.DEFINE_integer('steps', 800, 'Training steps of each run.')
   _OUT = flags.DEFINE_string(
@@ -276,20 +275,11 @@ def evaluate_params(fns, params, arrays, key) -> dict:
   return out
 
 
-CONFIG_FILE = os.path.join(os.path.dirname(__file__), '..', '..', 'configs', 'synthetic_cpu.py')
-
-
-def load_config():
-  """get_config() of configs/synthetic_cpu.py (loaded by path: configs/ is not a package)."""
-  spec = importlib.util.spec_from_file_location('synthetic_cpu', CONFIG_FILE)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
-
-
-def run_config(name: str, corpus: str, workdir: str, steps: int, eval_every: int, seed: int):
-  """configs/synthetic_cpu.py for run `name` ('method' or 'control')."""
-  c = load_config()
+def variant_config(name: str, corpus: str, workdir: str, steps: int, eval_every: int, seed: int):
+  """configs/synthetic_cpu.py:NAME with the command's corpus, seed, schedule and run folder."""
+  if name not in RUNS:
+    raise UserError(f'unknown run {name!r}; use some of {",".join(RUNS)}.')
+  c = config_defaults.load('synthetic_cpu', name)
   c.data.corpus = corpus
   c.seed = seed
   c.train.update(
@@ -299,14 +289,6 @@ def run_config(name: str, corpus: str, workdir: str, steps: int, eval_every: int
       keep_checkpoints=steps // eval_every + 2,
       workdir=os.path.join(workdir, name),
   )
-  if name == 'control':
-    c.estimator.lambda_rl = 0.0
-  elif name == 'oracle':  # Whitespace rule = exactly the planted ends when words end in a space.
-    c.boundary.method, c.estimator.kind = 'whitespace', 'none'
-  elif name == 'uniform':
-    c.boundary.method, c.estimator.kind = 'uniform', 'none'
-  elif name != 'method':
-    raise UserError(f'unknown run {name!r}; use some of {",".join(RUNS)}.')
   return c
 
 
@@ -400,7 +382,7 @@ def main(argv):
     raise UserError(f'--steps={steps} must be a positive multiple of --eval_every={every}.')
   spec = CorpusSpec(lexicon_size=_LEXICON.value, terminator=_TERMINATOR.value.encode())
   workdir = _WORKDIR.value
-  base = run_config('method', '', workdir, steps, every, _SEED.value)
+  base = variant_config('method', '', workdir, steps, every, _SEED.value)
   n = base.data.seq_len - 1
   train_docs = make_corpus(_SEED.value, _SEED.value, _TRAIN_DOCS.value, n, spec)
   corpus = os.path.join(workdir, 'corpus')
@@ -416,7 +398,7 @@ def main(argv):
       old = json.load(f)
     curves, seconds = old['curves'], old['train_seconds']
   for name in _RUNS.value:
-    config = run_config(name, corpus, workdir, steps, every, _SEED.value)
+    config = variant_config(name, corpus, workdir, steps, every, _SEED.value)
     if _finished_step(config) == steps:  # A finished run of the same length is reused.
       print(f'{name}: reusing the finished run in {config.train.workdir}', flush=True)
     else:

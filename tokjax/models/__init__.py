@@ -1,26 +1,30 @@
-"""Model construction from a config: `build_model(config)` and the matching objective."""
+"""Model construction from a config: `build_model(config)` and the matching objective.
+
+The boundary method comes from the registry (tokjax/models/registry.py) by config.boundary.method.
+"""
 
 import functools
 
 import jax.numpy as jnp
 
-from tokjax import losses
+from tokjax import estimator, losses
 from tokjax.data import VOCAB_SIZE
-from tokjax.models import boundaries, flat, hierarchical, layers
+from tokjax.models import flat, hierarchical, layers, registry
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
 def build_boundary(config):
-  """The boundary method named by config.boundary.method."""
-  b, m = config.boundary, config.model
-  if b.method == 'policy':
-    return boundaries.BoundaryPolicy(
-        target_rate=b.target_rate, window=b.window, scale=b.scale, capacity=m.capacity
-    )
-  from tokjax.models import rivals  # pylint: disable=g-import-not-at-top
+  """The boundary method named by config.boundary.method, built from its registry entry."""
+  return registry.get(config.boundary.method).build(config)
 
-  return rivals.build(config)
+
+def trains_critic(config) -> bool:
+  """Whether the model needs its value head: a score-function method with a critic baseline."""
+  return (
+      registry.get(config.boundary.method).score_function
+      and estimator.baseline(config.estimator.baseline).critic
+  )
 
 
 def build_model(config):
@@ -54,7 +58,7 @@ def build_model(config):
       main_mlp_ratio=m.main_mlp_ratio,
       capacity=m.capacity,
       dtype=dtype,
-      value_head=config.estimator.get('baseline', 'batch') == 'value',
+      value_head=trains_critic(config),
       remat=tuple(opts['remat'][s] for s in ('encoder', 'main', 'decoder')),
       scan_layers=opts['scan_layers'],
       attention=opts['attention'],

@@ -3,8 +3,9 @@
 THE CONVENTION (used everywhere in tokjax):
   a[b, t] = 1 means byte t is the LAST byte of its chunk. Position 0 and position L-1 are always
   boundaries (forced, so every row starts a chunk at 0 and closes its last chunk); forced decisions are
-  not the policy's and carry no gradient. The chunk index of byte t is j(t) = cumsum(a)[t] - 1, and the
-  chunk that is complete at t is the latest one ending at or before t.
+  not the policy's and carry no gradient. j(t) = cumsum(a)[t] - 1 is the latest chunk COMPLETE at t (the
+  latest one ending at or before t): byte t's own chunk when a_t = 1, the chunk before it when a_t = 0
+  (byte t's own chunk is still open then). Byte t reads chunk j(t), never an open one.
 
 CAPACITY: the chunk buffer has a fixed size C (static shapes, one compilation). Once C - 1 chunks are
 closed before the last position, every later boundary is dropped (executed as 0) and the final forced
@@ -18,10 +19,18 @@ Independent (w = 1): logit_t = v_t + bias, p_t = sigmoid(logit_t), sampled in pa
 Sequential (w > 1):
   z_t = s * (v_t[w-1] + sum_{k=1..w-1} v_t[w-1-k] * a_{t-k}) + bias,   logit_t = 6 tanh(z_t / 6),
 with s = 1/16; each decision depends on the previous w - 1 executed ones, so they are sampled by a
-`lax.scan` on device. In both forms the bias starts at logit(target rate). (The 1/16 scale belongs to
-the sequential form only: on the independent policy it acts as a 16x smaller learning rate, and at CPU
-scale the policy then learns nothing in the first thousand steps.) Log-probabilities of the executed actions are then recomputed in
-parallel from the same formula, which is what the gradient flows through.
+`lax.scan` on device. The bias starts where the initial logit is logit(target rate): at logit(r*)
+itself for w = 1, at 6 artanh(logit(r*) / 6) for w > 1 (inside the softcap's inverse, so
+6 tanh(bias / 6) = logit(r*) exactly). The projection is a read-out: its init has standard deviation
+0.02 up to d_model = 128 and 0.02 * 128 / d_model above (the 1 / width read-out scaling of muP), so
+the initial logit noise v_t shrinks as the model widens and the initial rate stays at the target
+(mean initial p_t over 4 initialisations on 8 x 256 bytes of the standard library, w = 1: 0.205 at
+d_model = 128; 0.203 at d_model = 768, where a width-independent 0.02 gave 0.244; tests/test_rivals.py
+checks d_model = 768).
+(The 1/16 scale belongs to the sequential form only: on the independent policy it acts as a 16x
+smaller learning rate, and at CPU scale the policy then learns nothing in the first thousand steps.)
+Log-probabilities of the executed actions are then recomputed in parallel from the same formula, which
+is what the gradient flows through.
 """
 
 import dataclasses
@@ -31,6 +40,9 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+
+from tokjax.errors import UserError
+from tokjax.models import registry
 
 
 def forced_mask(shape) -> jax.Array:
@@ -59,7 +71,8 @@ def enforce_convention(sampled, capacity: int):
 
 
 def chunk_index(actions):
-  """int32[B, L]: j(t), the index of the chunk byte t belongs to (= the latest chunk complete at t)."""
+  """int32[B, L]: j(t) = cumsum(a)[t] - 1, the latest chunk complete at t (byte t's own chunk only
+  where a_t = 1; where a_t = 0 byte t's chunk is j(t) + 1, still open)."""
   return jnp.cumsum(actions.astype(jnp.int32), axis=-1) - 1
 
 
@@ -117,7 +130,7 @@ def sample_sequential(v, bias, uniforms, scale: float, capacity: int):
     history, count = carry  # history: executed a_{t-1}, ..., a_{t-w+1}: [B, w-1]; count: [B].
     v_t, u_t, t = inputs
     z = scale * (v_t[:, w - 1] + jnp.sum(v_t[:, w - 2 :: -1][:, : w - 1] * history, axis=-1)) + bias
-    p = jax.nn.sigmoid(6.0 * jnp.tanh(z / 6.0))
+    p = jax.nn.sigmoid(SOFTCAP * jnp.tanh(z / SOFTCAP))
     sample = (u_t < p).astype(jnp.float32)
     forced = (t == 0) | (t == l - 1)
     executed = jnp.where(forced, 1.0, sample * (count < capacity - 2))
@@ -128,6 +141,16 @@ def sample_sequential(v, bias, uniforms, scale: float, capacity: int):
   init = (jnp.zeros((b, max(w - 1, 1)), v.dtype), jnp.zeros((b,), v.dtype))
   _, samples = jax.lax.scan(step, init, (v.swapaxes(0, 1), uniforms.swapaxes(0, 1), t_idx))
   return samples.swapaxes(0, 1)
+
+
+PROJ_STD, PROJ_WIDTH = 0.02, 128  # Projection init: std 0.02 up to width 128, then ~ 1 / width.
+SOFTCAP = 6.0  # Sequential logits are SOFTCAP * tanh(z / SOFTCAP).
+
+
+def initial_bias(target_rate: float, window: int) -> jax.Array:
+  """The bias whose logit is logit(target_rate): inside the softcap's inverse for window > 1."""
+  logit = jnp.log(target_rate / (1.0 - target_rate))  # float32, as the w = 1 runs always had it.
+  return logit if window == 1 else SOFTCAP * jnp.arctanh(logit / SOFTCAP)
 
 
 class BoundaryPolicy(nn.Module):
@@ -158,25 +181,26 @@ class BoundaryPolicy(nn.Module):
     The policy reads a stop-gradient-free h: its gradient reaches the encoder only through the policy
     and rate losses, because the LM losses see `actions` (non-differentiable samples), not the logits.
     """
+    std = PROJ_STD * min(1.0, PROJ_WIDTH / h.shape[-1])
     v = nn.Dense(
         self.window,
         name='proj',
         dtype=jnp.float32,
-        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ('embed', None)),
+        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(std), ('embed', None)),
         use_bias=False,
     )(
         h.astype(jnp.float32)
     )  # [B, L, w]
     rate = self.target_rate
     bias = self.param(
-        'bias', nn.initializers.constant(jnp.log(rate / (1.0 - rate))), (), jnp.float32
+        'bias', nn.initializers.constant(initial_bias(rate, self.window)), (), jnp.float32
     )
 
     def logits_given(executed):
       if self.window == 1:
         return v[..., 0] + bias
       z = self.scale * (v[..., self.window - 1] + _history_term(v, executed, self.window)) + bias
-      return 6.0 * jnp.tanh(z / 6.0)
+      return SOFTCAP * jnp.tanh(z / SOFTCAP)
 
     if mode == 'given':
       sampled = actions
@@ -211,3 +235,37 @@ class BoundaryPolicy(nn.Module):
         dropped=dropped,
         stats=stats,
     )
+
+
+def _build(config):
+  b = config.boundary
+  return BoundaryPolicy(
+      target_rate=b.target_rate,
+      window=b.policy.window,
+      scale=b.policy.scale,
+      capacity=config.model.capacity,
+  )
+
+
+def _validate(config):
+  p = config.boundary.policy
+  if not (isinstance(p.window, int) and p.window >= 1):
+    raise UserError(f'config.boundary.policy.window={p.window!r} must be an integer >= 1.')
+  if not p.scale > 0:
+    raise UserError(f'config.boundary.policy.scale={p.scale!r} must be positive (1/16 is usual).')
+
+
+registry.register(
+    registry.BoundaryMethod(
+        name='policy',
+        build=_build,
+        defaults=dict(
+            window=1,  # w: 1 = independent decisions, 8 = sequential (the paper's reference).
+            scale=1.0 / 16.0,  # Logit scale s of the sequential (w > 1) policy.
+        ),
+        score_function=True,
+        sampling=True,
+        description='the learned policy, trained by the score function (the paper)',
+        validate=_validate,
+    )
+)

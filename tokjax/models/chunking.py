@@ -3,7 +3,7 @@
 Both follow the boundary convention of `tokjax.models.boundaries` (a_t = 1: byte t ends its chunk).
 Causality: byte t only ever receives the output of chunks that end at or before t, so no byte sees a
 chunk that summarises bytes after it. The classic off-by-one (upsampling the chunk that *contains* t
-instead of the latest *complete* one) would leak the future; tests/test_hierarchical.py guards it.
+instead of the latest *complete* one) would leak the future; tests/test_models.py guards it.
 """
 
 import jax

@@ -29,6 +29,7 @@ import numpy as np
 
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
+from tokjax.models import registry
 from tokjax.models.rivals import common
 
 
@@ -99,13 +100,13 @@ def fit_tokenizer(train_docs, eval_docs, target_rate: float, lo: int = 260, hi: 
 
 
 def cached_tokenizer_json(config) -> str:
-  """The tokenizer JSON for this config: config.boundary.bpe_tokenizer if set, else trained once on
+  """The tokenizer JSON for this config: config.boundary.bpe.tokenizer if set, else trained once on
   the config's training split and cached under the data folder (keyed by corpus, split and rate)."""
-  path = config.boundary.bpe_tokenizer
+  path = config.boundary.bpe.tokenizer
   if path:
     if not os.path.isfile(path):
       raise UserError(
-          f'config.boundary.bpe_tokenizer={path!r} does not exist; give a tokenizer JSON '
+          f'config.boundary.bpe.tokenizer={path!r} does not exist; give a tokenizer JSON '
           'or leave it empty to train one on the training split.'
       )
     with open(path) as f:
@@ -188,3 +189,16 @@ class BPEGuided(nn.Module):
       )
     sampled = jnp.where(tokens == PAD_ID, 0.0, sampled)
     return common.finish(sampled, self.capacity)
+
+
+registry.register(
+    registry.BoundaryMethod(
+        name='bpe',
+        build=lambda c: BPEGuided(
+            tokenizer_json=cached_tokenizer_json(c), capacity=c.model.capacity
+        ),
+        # Tokenizer JSON path; '' = train one on the training split (cached in the data folder).
+        defaults=dict(tokenizer=''),
+        description='BPE-guided: a chunk ends where a byte-level BPE token starts',
+    )
+)

@@ -2,7 +2,7 @@
 
 Every rival returns executed actions that obey `boundaries.enforce_convention` (forced first and last
 boundary, capacity rule). None of them has score-function decisions, so `free` is all False and
-`log_probs` are zeros: they train with `config.estimator.kind = 'none'`.
+`log_probs` are zeros, and their registry entries have score_function=False (no policy gradient).
 """
 
 import jax

@@ -11,15 +11,23 @@ of H over training batches. The tiny weight keeps it out of the gradient-norm cl
 normalisation still moves theta about lr * THRESHOLD_SCALE nats per step.
 """
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from tokjax.data import VOCAB_SIZE
 from tokjax.models import boundaries as bd
+from tokjax.models import registry
 from tokjax.models.rivals import common
 
 THRESHOLD_SCALE = 30.0
-INIT_THRESHOLD = 3.0  # Nats; a trained byte model's typical entropy is 1-3 nats.
+# Nats. Above the largest possible entropy, ln 258 (uniform over the vocabulary): an untrained early
+# head is near uniform, so a lower start ends a chunk at almost every byte (rate 1, the buffer full)
+# until the controller catches up; from here the rate starts at 0 and rises as theta comes down to the
+# (1 - r*) quantile (a trained byte model's typical entropy is 1-3 nats).
+INIT_THRESHOLD = math.log(VOCAB_SIZE) + 0.01
 CONTROL_WEIGHT = 0.01
 
 
@@ -55,3 +63,14 @@ class EntropySpikes(nn.Module):
     below = jnp.sum((1.0 - spikes) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     aux = CONTROL_WEIGHT * raw * jax.lax.stop_gradient(below - (1.0 - self.target_rate))
     return out.replace(aux_loss=aux, stats={'entropy_threshold': theta})
+
+
+registry.register(
+    registry.BoundaryMethod(
+        name='entropy',
+        build=lambda c: EntropySpikes(
+            target_rate=c.boundary.target_rate, capacity=c.model.capacity
+        ),
+        description='entropy spikes (BLT) of the early-exit head, learned threshold',
+    )
+)

@@ -17,7 +17,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from tokjax.errors import UserError
 from tokjax.models import boundaries as bd
+from tokjax.models import registry
 from tokjax.models.rivals import common
 
 
@@ -82,3 +84,33 @@ class GumbelPooling(nn.Module):
         chunk_gate=common.ste_gate(out.actions, soft),
         stats={'prior_loss': prior},
     )
+
+
+def _validate(config):
+  g = config.boundary.gumbel
+  if not g.temperature > 0:
+    raise UserError(
+        f'config.boundary.gumbel.temperature={g.temperature} must be positive (1.0 is usual).'
+    )
+  if not g.prior_weight >= 0:
+    raise UserError(f'config.boundary.gumbel.prior_weight={g.prior_weight} must be >= 0.')
+
+
+registry.register(
+    registry.BoundaryMethod(
+        name='gumbel',
+        build=lambda c: GumbelPooling(
+            target_rate=c.boundary.target_rate,
+            capacity=c.model.capacity,
+            temperature=c.boundary.gumbel.temperature,
+            prior_weight=c.boundary.gumbel.prior_weight,
+        ),
+        defaults=dict(
+            temperature=1.0,  # Gumbel-sigmoid temperature tau.
+            prior_weight=1.0,  # Weight of the binomial rate prior.
+        ),
+        sampling=True,
+        description='dynamic token pooling: Gumbel-sigmoid, straight-through, binomial prior',
+        validate=_validate,
+    )
+)

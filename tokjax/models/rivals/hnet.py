@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from tokjax.models import boundaries as bd
+from tokjax.models import registry
 from tokjax.models.rivals import common
 
 
@@ -75,3 +76,17 @@ class HNetRouter(nn.Module):
         chunk_ema=p,
         stats={'ratio_loss': loss},
     )
+
+
+registry.register(
+    registry.BoundaryMethod(
+        name='hnet',
+        build=lambda c: HNetRouter(
+            target_rate=c.boundary.target_rate,
+            capacity=c.model.capacity,
+            ratio_weight=c.boundary.hnet.ratio_weight,
+        ),
+        defaults=dict(ratio_weight=0.03),  # Weight of H-Net's ratio loss in the total loss.
+        description='H-Net dynamic chunking: cosine routing, straight-through, ratio loss',
+    )
+)

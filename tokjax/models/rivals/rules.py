@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from tokjax.data import BOS_ID
+from tokjax.models import registry
 from tokjax.models.rivals import common
 
 
@@ -81,3 +82,27 @@ class Uniform(nn.Module):
     rule = (scores >= kth).astype(jnp.float32)
     sampled = actions if mode == 'given' else rule
     return common.finish(sampled, self.capacity)
+
+
+registry.register(
+    registry.BoundaryMethod(
+        name='whitespace',
+        build=lambda c: Whitespace(capacity=c.model.capacity),
+        description='SpaceByte rule: a chunk ends at the first spacelike byte of a run',
+    )
+)
+registry.register(
+    registry.BoundaryMethod(
+        name='stride',
+        build=lambda c: Stride(target_rate=c.boundary.target_rate, capacity=c.model.capacity),
+        description='fixed stride: a chunk every round(1 / target_rate) bytes',
+    )
+)
+registry.register(
+    registry.BoundaryMethod(
+        name='uniform',
+        build=lambda c: Uniform(target_rate=c.boundary.target_rate, capacity=c.model.capacity),
+        sampling=True,
+        description='round(target_rate * L) boundaries at uniformly random positions',
+    )
+)

@@ -1,0 +1,34 @@
+r"""Every boundary method at CPU size in the same model (configs/default.py's), one variant each.
+
+  python -m tokjax.train --config configs/compare.py:hnet
+  python -m tokjax.train --config configs/compare.py:gumbel,tiny    # smoke-test size
+
+Variants: every method of the registry (tokjax/models/registry.py: 'policy', the score-function
+method, and the rivals of tokjax/models/rivals/) and 'flat' (the flat byte Transformer, full
+attention). A method added to the registry is a variant here with no edit. A method trains with the
+score function only when its registry entry says so; the rivals get no policy gradient.
+Hierarchical model, d_model 128, encoder/main/decoder 1/2/1 blocks, L = 256, B = 16, 600 steps on the
+standard-library corpus; `,tiny` shrinks it (config_defaults.tiny). The comparison at equal byte
+budget (`python -m tokjax.experiments.compare`) trains these variants; its measured results are in
+results/compare/.
+"""
+
+from tokjax import config_defaults
+from tokjax.models import registry
+
+VARIANTS = {name: m.description for name, m in registry.methods().items()} | {
+    'flat': 'the flat byte Transformer (no chunking, full attention)'
+}
+
+
+def get_config(arg=None):
+  name, options = config_defaults.parse_variant(arg, VARIANTS, 'policy')
+  c = config_defaults.base_config()
+  if name == 'flat':
+    c.model.update(kind='flat', byte_window=0)
+  else:
+    c.boundary.method = name
+  if 'tiny' in options:
+    config_defaults.tiny(c)
+  c.train.workdir = f'runs/{name}'
+  return c

@@ -1,0 +1,82 @@
+"""The registry of boundary methods: one declaration per method, read by configs, models, commands.
+
+A method is declared next to its module with `register(BoundaryMethod(...))`; the learned policy in
+boundaries.py, every rival in a module of the `tokjax.models.rivals` package. `methods()` imports
+boundaries.py and every module of that package once, so adding a method is one new file under
+tokjax/models/rivals/ (plus its test): its settings appear as `config.boundary.NAME.*` (from
+`defaults`), `--config.boundary.method=NAME` builds it, `python -m tokjax.experiments.compare` and
+`configs/compare.py:NAME` train it, and tests/test_rivals.py checks it. See README, "Extending tokjax".
+"""
+
+import dataclasses
+import importlib
+import pkgutil
+from typing import Any, Callable
+
+from tokjax.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundaryMethod:
+  """One boundary method.
+
+  name: the value of config.boundary.method.
+  build: config -> the flax module (called as `module(h, key, mode, actions, tokens, early_logits)`,
+    returning `boundaries.Boundaries`); it reads its settings from config.boundary.NAME.
+  defaults: the fields of config.boundary.NAME with their defaults ({} = no settings).
+  score_function: trained by the score-function (policy-gradient) estimator of config.estimator; a
+    method without it gets no policy gradient and no rate loss from the estimator (its own rate
+    control, if any, is `Boundaries.aux_loss`).
+  sampling: mode 'sample' draws boundaries at random (else 'sample' and 'greedy' are the same rule).
+  description: one line for listings (--methods help, configs/compare.py, README).
+  validate: optional config -> None that raises UserError for bad settings of this method.
+  """
+
+  name: str
+  build: Callable[[Any], Any]
+  defaults: dict = dataclasses.field(default_factory=dict)
+  score_function: bool = False
+  sampling: bool = False
+  description: str = ''
+  validate: Callable[[Any], None] | None = None
+
+
+_METHODS: dict[str, BoundaryMethod] = {}
+_DISCOVERED = []  # One element once the built-in modules are imported (a flag without `global`).
+
+
+def register(method: BoundaryMethod) -> BoundaryMethod:
+  """Adds a method (a method already registered under that name is replaced by the new one)."""
+  if method.name in ('flat', ''):
+    raise ValueError(f'{method.name!r} cannot name a boundary method')
+  _METHODS[method.name] = method
+  return method
+
+
+def _discover() -> None:
+  if _DISCOVERED:
+    return
+  _DISCOVERED.append(True)
+  # pylint: disable=g-import-not-at-top
+  from tokjax.models import boundaries, rivals  # boundaries registers 'policy' first.
+
+  del boundaries
+  for info in sorted(pkgutil.iter_modules(rivals.__path__), key=lambda i: i.name):
+    importlib.import_module(f'{rivals.__name__}.{info.name}')
+
+
+def methods() -> dict[str, BoundaryMethod]:
+  """Every registered method by name: 'policy' first, then the rivals by module name."""
+  _discover()
+  return dict(_METHODS)
+
+
+def get(name: str) -> BoundaryMethod:
+  """The method called `name`, or a UserError listing the registered ones."""
+  found = methods().get(name)
+  if found is None:
+    raise UserError(
+        f'config.boundary.method={name!r} is not a registered boundary method; use one of '
+        f'{tuple(methods())}.'
+    )
+  return found
