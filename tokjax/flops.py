@@ -73,7 +73,7 @@ def forward_flops_per_sequence(config, rate=None) -> float:
     chunks = float(rate) * seq
     chunk_keys = (chunks + 1) / 2
   main = m.main_layers * _block(chunks, d, m.main_mlp_ratio * d, chunk_keys)
-  window = config.boundary.window if config.boundary.method == 'policy' else 0
+  window = config.boundary.policy.window if config.boundary.method == 'policy' else 0
   policy = 2 * seq * d * window
   heads = 2 * (2 * seq * d * v)
   return byte + main + policy + heads

@@ -7,7 +7,7 @@ one spreads over every data shard) and sums their gradients in a `lax.scan` insi
 so activations are held for B / n rows at a time. The step then applies mean_i grad(loss_i), where
 loss_i is the objective on micro-batch i with key fold_in(key, i). What couples rows of a batch is
 therefore computed per micro-batch, and this is how the accumulated step differs from the plain one:
-  - the score function's batch-relative baseline (estimator.batch_relative) is the mean over the
+  - the score function's batch-relative baseline (estimator.baseline='batch') is the mean over the
     micro-batch's B / n rows, not over all B (and leave-one-out groups stay within a micro-batch);
   - the rate loss's stop-gradient controller uses the micro-batch's mean boundary probability;
   - boundaries are drawn with a key per micro-batch, so the draws differ from the plain step's;
