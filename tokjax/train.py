@@ -129,7 +129,7 @@ class Reporter:
     print(
         f'tokjax: {c.model.kind} model, {self.trainer.num_params / 1e6:.2f}M parameters, '
         f'{len(jax.devices())} device(s) mesh {dict(mesh.shape)}, corpus {c.data.corpus!r} '
-        f'({sum(map(len, self.data.splits["train"])) / 1e6:.1f} MB train)',
+        f'({self.data.num_bytes("train") / 1e6:.1f} MB train)',
         flush=True,
     )
     print('compiling the train step...', flush=True)
