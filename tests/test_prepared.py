@@ -101,6 +101,8 @@ def test_prepared_and_in_memory_pipelines_give_the_same_batches(corpus, tmp_path
     )
     _assert_batches_equal(_take(prepared_data.train_iter, 40), _take(memory_iter, 40))
   for split, batches in (("val", prepared_data.val_batches), ("test", prepared_data.test_batches)):
+    # Evaluators attribute targets to documents through "example" (-1 on padding rows).
+    assert all(b.keys() == {"inputs", "targets", "mask", "example"} for b in batches)
     _assert_batches_equal(
         batches,
         pipeline.make_eval_batches(in_memory[split], seq_len=SEQ_LEN, batch_size=8, max_batches=3),

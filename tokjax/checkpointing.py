@@ -14,14 +14,13 @@ step was demanded (`step=`), which then either loads or raises UserError.
 
 import dataclasses
 import functools
-import os
 
 import grain
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from tokjax import config_defaults, evaluation, sharding, train_state
+from tokjax import config_defaults, evaluation, paths, sharding, train_state
 from tokjax.errors import UserError
 
 
@@ -30,8 +29,9 @@ class BadStep(Exception):
 
 
 def manager(workdir: str, keep: int = 2, create: bool = True) -> ocp.CheckpointManager:
+  """The run's checkpoints/ folder; workdir may be a local path or a URL (see tokjax.paths)."""
   return ocp.CheckpointManager(
-      os.path.abspath(os.path.join(workdir, 'checkpoints')),
+      paths.resolve(paths.absolute(paths.join(workdir, 'checkpoints'))),
       options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create),
   )
 
@@ -45,20 +45,22 @@ def save(mgr, step: int, state, data_iterator, config) -> None:
   mgr.wait_until_finished()
 
 
-def step_problem(step_dir: str, items=('state', 'config')) -> str | None:
-  """Why a step folder is not a complete tokjax checkpoint (naming the bad item), or None."""
-  if not os.path.exists(os.path.join(step_dir, 'commit_success.txt')):
+def step_problem(step_dir, items=('state', 'config')) -> str | None:
+  """Why a step folder (a local path or URL) is not a complete tokjax checkpoint (naming the bad
+  item), or None."""
+  step_dir = paths.resolve(step_dir)
+  if not (step_dir / 'commit_success.txt').exists():
     return 'has no commit_success.txt marker (the save did not finish)'
   for item in items:
-    if not os.path.isdir(os.path.join(step_dir, item)):
+    if not (step_dir / item).is_dir():
       return f'lacks its "{item}" item'
-  if 'state' in items and not os.path.exists(os.path.join(step_dir, 'state', '_METADATA')):
+  if 'state' in items and not (step_dir / 'state' / '_METADATA').exists():
     return 'lacks state/_METADATA (the state item is incomplete)'
-  if 'config' in items and not os.path.exists(os.path.join(step_dir, 'config', 'metadata')):
+  if 'config' in items and not (step_dir / 'config' / 'metadata').exists():
     return 'lacks config/metadata (the config item is incomplete)'
   if 'data' in items:
-    files = [f for f in os.listdir(os.path.join(step_dir, 'data')) if f.endswith('.json')]
-    if not files or any(os.path.getsize(os.path.join(step_dir, 'data', f)) == 0 for f in files):
+    files = [f for f in (step_dir / 'data').iterdir() if f.name.endswith('.json')]
+    if not files or any(f.stat().length == 0 for f in files):
       return 'has an empty or missing data-iterator file in its "data" item'
   return None
 
@@ -79,7 +81,7 @@ def _load_item(mgr, step: int, item: str, args):
 
 def read_config(mgr, step: int) -> ml_collections.ConfigDict:
   """The config saved with step (raises BadStep when it is missing or unreadable)."""
-  problem = step_problem(os.path.join(str(mgr.directory), str(step)), items=('config',))
+  problem = step_problem(mgr.directory / str(step), items=('config',))
   if problem:
     raise BadStep(problem)
   cfg = _load_item(mgr, step, 'config', ocp.args.JsonRestore())
@@ -119,7 +121,7 @@ def restore(mgr, abstract_state, data_iterator=None, step=None):
   items = ('state', 'config') + (('data',) if data_iterator is not None else ())
   for i, s in enumerate(candidates):
     try:
-      problem = step_problem(os.path.join(str(mgr.directory), str(s)), items)
+      problem = step_problem(mgr.directory / str(s), items)
       if problem:
         raise BadStep(problem)
       read_config(mgr, s)
@@ -189,25 +191,24 @@ class Checkpoint:
 
 
 def inspection_manager(path: str) -> ocp.CheckpointManager:
-  """A read-only manager of the run folder `path` (or its checkpoints/ folder)."""
-  if not os.path.exists(path):
+  """A read-only manager of the run folder `path` (or its checkpoints/ folder; a local path or URL)."""
+  folder = paths.resolve(paths.absolute(path))
+  if not folder.exists():
     raise UserError(
         f'checkpoint folder {path} does not exist; pass the run folder '
         '(config.train.workdir) of a training run.'
     )
-  if not os.path.isdir(path):
+  if not folder.is_dir():
     raise UserError(f'--checkpoint {path} is a file; pass the run folder (config.train.workdir).')
-  sub = os.path.join(path, 'checkpoints')
-  root = sub if os.path.isdir(sub) else path
-  steps = [d for d in os.listdir(root) if d.isdigit() and os.path.isdir(os.path.join(root, d))]
+  sub = folder / 'checkpoints'
+  root = sub if sub.is_dir() else folder
+  steps = [d for d in root.iterdir() if d.name.isdigit() and d.is_dir()]
   if not steps:
     raise UserError(
         f'{path} holds no checkpoint (no step folders in {root}); train first with '
         '`python -m tokjax.train --config.train.workdir=DIR`.'
     )
-  return ocp.CheckpointManager(
-      os.path.abspath(root), options=ocp.CheckpointManagerOptions(create=False)
-  )
+  return ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(create=False))
 
 
 def inspection_mesh(config):
@@ -233,7 +234,7 @@ def _load_step(mgr, path: str, step: int, mesh, trainer=None) -> Checkpoint:
 
   trainer: reuse this one (another step of the same run) instead of building one from the config.
   """
-  problem = step_problem(os.path.join(str(mgr.directory), str(step)))
+  problem = step_problem(mgr.directory / str(step))
   if problem:
     raise BadStep(problem)
   config = read_config(mgr, step)

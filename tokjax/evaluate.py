@@ -23,7 +23,7 @@ import os
 from absl import flags
 import numpy as np
 
-from tokjax import checkpointing, cli, evaluation
+from tokjax import checkpointing, cli, evaluation, paths
 from tokjax.data import pipeline
 from tokjax.errors import UserError
 
@@ -143,7 +143,7 @@ def run_evaluation(
   )
   first = next(iter(modes.values()))
   report = {
-      'checkpoint': os.path.abspath(checkpoint),
+      'checkpoint': paths.absolute(checkpoint),
       'step': ckpt.step,
       'split': split,
       'corpus': corpus or config.data.corpus,
@@ -153,12 +153,10 @@ def run_evaluation(
       'bpe': bpe_info,
       'modes': modes,
   }
-  out = out or os.path.join(checkpoint, f'eval_{split}')
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  with open(out + '.json', 'w') as f:
-    json.dump(report, f, indent=1)
-  with open(out + '.md', 'w') as f:
-    f.write(to_markdown(report))
+  out = os.fspath(out or paths.join(checkpoint, f'eval_{split}'))  # A local path or URL prefix.
+  paths.resolve(out).parent.mkdir(parents=True, exist_ok=True)
+  paths.write_text(out + '.json', json.dumps(report, indent=1))
+  paths.write_text(out + '.md', to_markdown(report))
   report['paths'] = (out + '.json', out + '.md')
   return report
 

@@ -4,8 +4,11 @@ import json
 import math
 import os
 import shutil
+import tempfile
 
 from tensorboardX import SummaryWriter
+
+from tokjax import paths
 
 
 class MetricWriter:
@@ -17,50 +20,95 @@ class MetricWriter:
   restored_step: the checkpoint step a resumed run continues from. The rows after it (logged by the
   interrupted run after its last checkpoint, which the resumed run logs again) are dropped from
   metrics.jsonl, and TensorBoard's events are rewritten from the rows kept, so each step appears once.
+
+  The workdir may be a URL (gs://...; see tokjax.paths). Cloud filesystems cannot append and
+  tensorboardX writes local files only, so for a URL (or remote=True) the rows are kept in memory
+  and metrics.jsonl is rewritten whole at each write (each write is one atomic object upload), and
+  TensorBoard's events are written to a local temporary folder that is copied to
+  workdir/tensorboard after each val row and at close.
   """
 
-  def __init__(self, workdir: str, enabled: bool = True, restored_step: int | None = None):
-    self.path = os.path.join(workdir, 'metrics.jsonl')
+  def __init__(
+      self,
+      workdir: str,
+      enabled: bool = True,
+      restored_step: int | None = None,
+      remote: bool | None = None,
+  ):
+    self.path = paths.join(workdir, 'metrics.jsonl')
     self.enabled = enabled
-    self.tb = None
+    self.remote = not paths.is_local(workdir) if remote is None else remote
+    self.tb, self.rows, self._local_tb = None, [], None
     if not enabled:
       return
-    tb_dir = os.path.join(workdir, 'tensorboard')
-    kept = []
-    if restored_step is not None and os.path.exists(self.path):
-      kept = [r for r in read_metrics(self.path) if r.get('step', 0) <= restored_step]
-      tmp = self.path + '.tmp'
-      with open(tmp, 'w') as f:
-        f.writelines(json.dumps(r) + '\n' for r in kept)
-      os.replace(tmp, self.path)  # Atomic: a crash here leaves the old or the new log, never half.
-      shutil.rmtree(tb_dir, ignore_errors=True)
-    self.tb = SummaryWriter(tb_dir)
-    for r in kept:
+    paths.makedirs(workdir)
+    tb_dir = self.tb_dir = paths.join(workdir, 'tensorboard')
+    if self.path.exists() and (restored_step is not None or self.remote):
+      self.rows = read_metrics(self.path)
+    if restored_step is not None:
+      self.rows = [r for r in self.rows if r.get('step', 0) <= restored_step]
+      self._rewrite()
+      paths.rmtree(tb_dir)
+    if self.remote:
+      self._local_tb = tempfile.mkdtemp(prefix='tokjax_tb_')
+    self.tb = SummaryWriter(self._local_tb or os.fspath(tb_dir))
+    for r in self.rows if restored_step is not None else ():
       self._tb_write(r)
-    self.tb.flush()
+    self._flush(mirror=restored_step is not None)
+
+  def _rewrite(self) -> None:
+    """metrics.jsonl := self.rows, atomically: a crash leaves the old or the new log, never half."""
+    text = ''.join(json.dumps(r) + '\n' for r in self.rows)
+    if self.remote:
+      self.path.write_text(text)  # One object upload: atomic on cloud storage.
+      return
+    tmp = self.path.with_name(self.path.name + '.tmp')
+    tmp.write_text(text)
+    os.replace(tmp, self.path)
 
   def _tb_write(self, row: dict) -> None:
     for k, v in row.items():
       if k not in ('step', 'split') and math.isfinite(v):
         self.tb.add_scalar(f'{row["split"]}/{k}', v, row['step'])
 
+  def _flush(self, mirror: bool) -> None:
+    self.tb.flush()
+    self._mirror(mirror)
+
+  def _mirror(self, wanted: bool) -> None:
+    """Copies the local event files of a remote workdir to workdir/tensorboard."""
+    if self._local_tb and wanted:
+      self.tb_dir.mkdir(parents=True, exist_ok=True)
+      for name in os.listdir(self._local_tb):
+        paths.resolve(os.path.join(self._local_tb, name)).copy(self.tb_dir / name, overwrite=True)
+
   def write(self, step: int, split: str, scalars: dict) -> None:
     if not self.enabled:
       return
     row = {'step': int(step), 'split': split}
     row.update({k: float(v) for k, v in scalars.items()})
-    with open(self.path, 'a') as f:
-      f.write(json.dumps(row) + '\n')
+    if self.remote:
+      self.rows.append(row)
+      self._rewrite()
+    else:
+      with self.path.open('a') as f:
+        f.write(json.dumps(row) + '\n')
     self._tb_write(row)
-    self.tb.flush()
+    self._flush(mirror=split != 'train')
 
   def close(self):
-    if self.enabled:
+    if self.enabled and self.tb is not None:
       self.tb.close()
+      self.tb = None
+      self._mirror(True)
+      if self._local_tb:
+        shutil.rmtree(self._local_tb, ignore_errors=True)
+        self._local_tb = None
 
 
-def read_metrics(path: str) -> list[dict]:
-  with open(path) as f:
+def read_metrics(path) -> list[dict]:
+  """The rows of a metrics.jsonl (a local path or URL)."""
+  with paths.resolve(path).open() as f:
     return [json.loads(line) for line in f if line.strip()]
 
 
@@ -90,6 +138,7 @@ def plot_curves(metrics_path: str, out_png: str, keys=('bpb', 'rate', 'whitespac
     ax.grid(alpha=0.3)
     ax.legend()
   fig.tight_layout()
-  fig.savefig(out_png, dpi=110)
+  with paths.resolve(out_png).open('wb') as f:  # A local path or URL.
+    fig.savefig(f, format='png', dpi=110)
   plt.close(fig)
   return out_png

@@ -107,3 +107,15 @@ def is_empty_or_missing(path: str | os.PathLike) -> bool:
   """True if `path` does not exist or is an empty folder."""
   p = resolve(path)
   return not p.exists() or (p.is_dir() and not any(p.iterdir()))
+
+
+def absolute(path: str | os.PathLike) -> str:
+  """`path` as text that means the same from any working directory: an absolute local path, or
+  the URL unchanged (a `file://` URL becomes its local path)."""
+  p = resolve(path)
+  return os.path.abspath(p) if is_local(path) else os.fspath(p)
+
+
+def rmtree(path: str | os.PathLike) -> None:
+  """Deletes a folder and everything in it; no error if it is already gone."""
+  resolve(path).rmtree(missing_ok=True)

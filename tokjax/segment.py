@@ -23,7 +23,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from tokjax import checkpointing, cli, segmentation
+from tokjax import checkpointing, cli, paths, segmentation
 from tokjax.errors import UserError
 
 
@@ -102,7 +102,8 @@ def plot_heatmap(text: bytes, actions, probs, path: str, title: str, cols: int =
   ax.set_title(title, fontsize=9)
   fig.colorbar(im, ax=ax, fraction=0.02, pad=0.01, label='P(boundary)')
   fig.tight_layout()
-  fig.savefig(path, dpi=130)
+  with paths.resolve(path).open('wb') as f:  # A local path or URL.
+    fig.savefig(f, format='png', dpi=130)
   plt.close(fig)
   return path
 
@@ -134,33 +135,33 @@ def segment_file(
       ckpt.model, ckpt.params, text, config.data.seq_len, jax.random.PRNGKey(seed), mode, overlap
   )
   offsets = segmentation.chunk_offsets(actions)
-  out = out or os.path.join(checkpoint, 'segment', os.path.basename(file))
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  # A local path or URL prefix.
+  out = os.fspath(out or paths.join(checkpoint, 'segment', os.path.basename(file)))
+  paths.resolve(out).parent.mkdir(parents=True, exist_ok=True)
   title = f'{os.path.basename(file)}: {mode} boundaries of {checkpoint} (step {ckpt.step})'
-  paths = {k: f'{out}.{k}' for k in ('txt', 'json', 'html', 'png')}
-  with open(paths['txt'], 'w', encoding='utf-8') as f:
-    f.write(segmentation.render(text, actions, delimiter))
-  with open(paths['json'], 'w') as f:
-    json.dump(
-        {
-            'file': os.path.abspath(file),
-            'checkpoint': os.path.abspath(checkpoint),
-            'step': ckpt.step,
-            'mode': mode,
-            'window_overlap': overlap,
-            'seq_len': config.data.seq_len,
-            'num_bytes': len(text),
-            'num_chunks': len(offsets),
-            'offsets': offsets,
-            'boundary_probs': [round(float(p), 4) for p in probs],
-        },
-        f,
-    )
-  with open(paths['html'], 'w', encoding='utf-8') as f:
-    f.write(to_html(text, actions, probs, title))
+  outputs = {k: f'{out}.{k}' for k in ('txt', 'json', 'html', 'png')}
+  paths.write_text(outputs['txt'], segmentation.render(text, actions, delimiter))
+  paths.write_text(
+      outputs['json'],
+      json.dumps(
+          {
+              'file': os.path.abspath(file),
+              'checkpoint': paths.absolute(checkpoint),
+              'step': ckpt.step,
+              'mode': mode,
+              'window_overlap': overlap,
+              'seq_len': config.data.seq_len,
+              'num_bytes': len(text),
+              'num_chunks': len(offsets),
+              'offsets': offsets,
+              'boundary_probs': [round(float(p), 4) for p in probs],
+          }
+      ),
+  )
+  paths.write_text(outputs['html'], to_html(text, actions, probs, title))
   k = min(png_bytes, len(text))
-  plot_heatmap(text[:k], actions[:k], probs[:k], paths['png'], title)
-  return {'paths': paths, 'offsets': offsets, 'actions': actions, 'probs': probs, 'text': text}
+  plot_heatmap(text[:k], actions[:k], probs[:k], outputs['png'], title)
+  return {'paths': outputs, 'offsets': offsets, 'actions': actions, 'probs': probs, 'text': text}
 
 
 def define_flags():

@@ -3,7 +3,8 @@ r"""Train a tokjax model from a config file.
   python -m tokjax.train --config configs/default.py [--config.train.steps=1000] [--resume [--step N]]
       [--overwrite] [--verbosity=0]
 
-Writes into config.train.workdir: metrics.jsonl, TensorBoard events (tensorboard/), orbax checkpoints
+Writes into config.train.workdir (a local path or a URL such as gs://bucket/run when its filesystem
+package, e.g. gcsfs, is installed): metrics.jsonl, TensorBoard events (tensorboard/), orbax checkpoints
 (checkpoints/), curves.png, and at the end prints val bits-per-byte beside the gzip -9 / xz -9 figures
 of the same split and, for a hierarchical model, the learned segmentation of held-out text.
 
@@ -15,7 +16,6 @@ printing how to resume; a second signal exits at once. Third-party INFO logs sho
 
 import os
 import shlex
-import shutil
 import signal
 import sys
 import time
@@ -30,6 +30,7 @@ from tokjax import (
     config_defaults,
     distributed,
     evaluation,
+    paths,
     segmentation,
     sharding,
     train_state,
@@ -56,28 +57,28 @@ RUN_FILES = ('metrics.jsonl', 'tensorboard', 'checkpoints', 'curves.png')
 
 
 def prepare_workdir(workdir: str, resume: bool, overwrite: bool = False) -> None:
-  """Checks the workdir is writable and holds no other run (or clears it with overwrite)."""
+  """Checks the workdir (a local path or URL, see tokjax.paths) is writable and holds no other run
+  (or clears it with overwrite). A URL whose filesystem package is missing raises UserError."""
+  root = paths.resolve(workdir)
   try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, '.write_test')
-    with open(probe, 'w') as f:
-      f.write('ok')
-    os.remove(probe)
+    root.mkdir(parents=True, exist_ok=True)
+    probe = root / '.write_test'
+    probe.write_text('ok')
+    probe.unlink()
   except OSError as e:
     raise UserError(
-        f'cannot write to workdir {workdir!r} ({e.strerror}); choose a writable folder '
+        f'cannot write to workdir {workdir!r} ({e.strerror or e}); choose a writable folder '
         'with --config.train.workdir=PATH.'
     ) from None
   if overwrite:
     for name in RUN_FILES:
-      path = os.path.join(workdir, name)
-      if os.path.isdir(path):
-        shutil.rmtree(path)
-      elif os.path.exists(path):
-        os.remove(path)
+      path = root / name
+      if path.is_dir():
+        path.rmtree()
+      elif path.exists():
+        path.unlink()
     return
-  metrics = os.path.join(workdir, 'metrics.jsonl')
-  if not resume and os.path.exists(metrics):
+  if not resume and (root / 'metrics.jsonl').exists():
     raise UserError(
         f'{workdir} already holds a run; pass --resume to continue it, --overwrite to replace it, '
         'or choose a new --config.train.workdir.'
@@ -129,7 +130,7 @@ class Reporter:
     print(
         f'tokjax: {c.model.kind} model, {self.trainer.num_params / 1e6:.2f}M parameters, '
         f'{len(jax.devices())} device(s) mesh {dict(mesh.shape)}, corpus {c.data.corpus!r} '
-        f'({sum(map(len, self.data.splits["train"])) / 1e6:.1f} MB train)',
+        f'({self.data.num_bytes("train") / 1e6:.1f} MB train)',
         flush=True,
     )
     print('compiling the train step...', flush=True)
@@ -193,7 +194,7 @@ class Reporter:
 
   def finish(self, val: dict, params, key, checkpoint_dir: str) -> None:
     self.writer.close()
-    png = os.path.join(self.config.train.workdir, 'curves.png')
+    png = paths.join(self.config.train.workdir, 'curves.png')
     if self.writer.enabled:
       plot_curves(self.writer.path, png)
     print(
@@ -266,7 +267,7 @@ def initial_state(config, trainer, data, mgr, key, resume: bool, step: int | Non
   if not resume:
     return trainer.init(key), False
   if not mgr.all_steps():
-    if os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
+    if paths.join(workdir, 'metrics.jsonl').exists():
       raise UserError(
           f'{workdir} holds metrics but no checkpoint to resume from; pass --overwrite to start '
           'the run again from scratch, or choose a new --config.train.workdir.'
@@ -278,7 +279,7 @@ def initial_state(config, trainer, data, mgr, key, resume: bool, step: int | Non
   if newer:  # Damaged or abandoned steps: the resumed run writes its own.
     print(f'note: discarding checkpoint steps {sorted(newer)} after step {restored}.', flush=True)
     for s in newer:
-      shutil.rmtree(os.path.join(str(mgr.directory), str(s)), ignore_errors=True)
+      paths.rmtree(mgr.directory / str(s))
     mgr.reload()
   print(f'resumed from step {restored}', flush=True)
   return state, True
@@ -355,8 +356,8 @@ def check_finite(state, bad_at_start: int, done: int, mgr) -> None:
 
 def finished(config, step: int) -> dict:
   """A resumed run that has nothing left to do: say so, and return its last val metrics."""
-  path = os.path.join(config.train.workdir, 'metrics.jsonl')
-  rows = read_metrics(path) if os.path.exists(path) else []
+  path = paths.join(config.train.workdir, 'metrics.jsonl')
+  rows = read_metrics(path) if path.exists() else []
   val = next((r for r in reversed(rows) if r['split'] == 'val' and r['step'] <= step), {})
   shown = f'; its last val bpb is {val["bpb"]:.4f} (step {val["step"]})' if 'bpb' in val else ''
   print(

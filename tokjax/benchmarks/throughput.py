@@ -1,9 +1,11 @@
 r"""Train-step throughput of the hierarchical model against the flat byte Transformer at equal size.
 
   python -m tokjax.benchmarks.throughput [--config configs/default.py] [--seq_lens 512,2048]
+      [--bytes_per_step 8192] [--models w1,w8,flat]
 
-For each sequence length L (batch = config.data.batch_size * config.data.seq_len / L, so every step
-sees the same bytes) it times the jitted train step of
+For each sequence length L (batch = bytes_per_step / L, bytes_per_step defaulting to
+config.data.batch_size * config.data.seq_len, so every step sees the same bytes; 8192 gives the
+(16, 512) and (4, 2048) shapes) it times the jitted train step of
   * the hierarchical model of the config with an independent (w = 1) and a sequential (w = 8) policy,
   * the flat model with full attention, its layer count chosen to match the hierarchical parameter
     count as closely as possible (both counts are printed),
@@ -29,6 +31,12 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   )
   _SEQ_LENS = flags.DEFINE_list('seq_lens', ['512', '2048'], 'Sequence lengths to measure.')
   _STEPS = flags.DEFINE_integer('steps', 5, 'Timed steps per measurement.')
+  _BYTES = flags.DEFINE_integer(
+      'bytes_per_step', 0, 'Bytes per step (batch x L); 0 = config batch_size x seq_len.'
+  )
+  _MODELS = flags.DEFINE_list(
+      'models', ['w1', 'w8', 'flat'], 'Which of w1, w8 (hierarchical policies), flat to time.'
+  )
 
 
 def _median_seconds(fn, steps: int) -> float:
@@ -94,8 +102,9 @@ def _sampling_seconds(trainer, params, batch, steps):
 def main(argv):
   del argv
   config = _CONFIG.value
-  bytes_per_step = config.data.batch_size * config.data.seq_len
+  bytes_per_step = _BYTES.value or config.data.batch_size * config.data.seq_len
   steps = _STEPS.value
+  chosen = set(_MODELS.value)
   print(
       f'{"L":>5} {"batch":>5} {"model":<26} {"params":>8} {"step ms":>9} {"bytes/s":>9} '
       f'{"sampling share":>15}'
@@ -104,6 +113,8 @@ def main(argv):
     batch = max(1, bytes_per_step // seq_len)
     hier_params = None
     for window in (1, 8):
+      if f'w{window}' not in chosen:
+        continue
       c = _variant(config, seq_len, batch, kind='hierarchical', window=window)
       sec, trainer, state, data = _time_train_step(c, steps)
       share = _sampling_seconds(trainer, state.params, data, steps) / sec
@@ -114,6 +125,14 @@ def main(argv):
           f'{share:>14.1%}',
           flush=True,
       )
+    if 'flat' not in chosen:
+      continue
+    if hier_params is None:  # Size the flat model against the hierarchical model of the config.
+      c = _variant(config, seq_len, batch, kind='hierarchical', window=1)
+      shapes = jax.eval_shape(
+          models.build_model(c).init, jax.random.PRNGKey(0), *models.init_args(c, 1, 8)
+      )
+      hier_params = sum(x.size for x in jax.tree.leaves(nn.unbox(shapes)))
     # The flat model with the layer count whose size is closest to the hierarchical model's.
     sizes = {}
     for n in range(1, 9):

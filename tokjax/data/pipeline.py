@@ -216,22 +216,16 @@ def make_prepared_eval_batches(
 ) -> list[dict[str, np.ndarray]]:
   """`make_eval_batches` of a prepared split, reading only the windows it keeps.
 
-  Same order (a permutation seeded 0 of the split's examples), same padding; a test checks that
-  both give identical batches, so a change of make_eval_batches shows up there.
+  The same batches (order, padding and "example" field; both share `_eval_batches`); a test checks
+  that both give identical batches.
   """
   _check_positive(seq_len=seq_len, batch_size=batch_size)
-  order = np.random.default_rng(0).permutation(reader.num_examples(seq_len))
-  if max_batches is not None:
-    order = order[: max_batches * batch_size]
-  batches = []
-  for start in range(0, len(order), batch_size):
-    batch = _prepared_examples(reader, order[start : start + batch_size], seq_len=seq_len)
-    pad = batch_size - len(batch["mask"])
-    batch["inputs"] = np.pad(batch["inputs"], ((0, pad), (0, 0)), constant_values=PAD_ID)
-    batch["targets"] = np.pad(batch["targets"], ((0, pad), (0, 0)), constant_values=PAD_ID)
-    batch["mask"] = np.pad(batch["mask"], ((0, pad), (0, 0)))
-    batches.append(batch)
-  return batches
+  return _eval_batches(
+      reader.num_examples(seq_len),
+      functools.partial(_prepared_examples, reader, seq_len=seq_len),
+      batch_size=batch_size,
+      max_batches=max_batches,
+  )
 
 
 def iterator_checkpoint_args(iterator: grain.DatasetIterator, *, save: bool):
@@ -269,13 +263,27 @@ def make_eval_batches(
   """
   _check_positive(seq_len=seq_len, batch_size=batch_size)
   stream = pack_documents(docs)
-  order = np.random.default_rng(0).permutation(num_examples(stream, seq_len))
+  return _eval_batches(
+      num_examples(stream, seq_len),
+      functools.partial(get_examples, stream, seq_len=seq_len),
+      batch_size=batch_size,
+      max_batches=max_batches,
+  )
+
+
+def _eval_batches(
+    count: int, examples_of, *, batch_size: int, max_batches: int | None
+) -> list[dict[str, np.ndarray]]:
+  """The eval batches of `make_eval_batches` from `count` examples; `examples_of(int[n] indices)`
+  returns their inputs/targets/mask. In-memory and prepared splits share it, so their batches agree.
+  """
+  order = np.random.default_rng(0).permutation(count)
   if max_batches is not None:
     order = order[: max_batches * batch_size]
   batches = []
   for start in range(0, len(order), batch_size):
     idx = order[start : start + batch_size]
-    batch = get_examples(stream, idx, seq_len=seq_len)
+    batch = examples_of(idx)
     pad = batch_size - len(batch["mask"])
     batch["inputs"] = np.pad(batch["inputs"], ((0, pad), (0, 0)), constant_values=PAD_ID)
     batch["targets"] = np.pad(batch["targets"], ((0, pad), (0, 0)), constant_values=PAD_ID)
