@@ -20,8 +20,6 @@ def _config(kind='hierarchical', method='policy', accum=1):
   c.model.update(kind=kind, d_model=32, capacity=16, num_layers=2, byte_window=8)
   c.data.update(seq_len=32, batch_size=8)
   c.boundary.method = method
-  if kind == 'flat' or method != 'policy':
-    c.estimator.kind = 'none'
   c.optim.grad_accum_steps = accum
   return c
 

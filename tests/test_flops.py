@@ -11,9 +11,9 @@ def _config(kind):
   c.data.batch_size = 4
   c.mesh.data = 1
   if kind == 'flat':
-    c.model.kind, c.model.byte_window, c.estimator.kind = 'flat', 0, 'none'
+    c.model.kind, c.model.byte_window = 'flat', 0
   else:
-    c.boundary.window = 8  # The paper's sequential policy.
+    c.boundary.policy.window = 8  # The paper's sequential policy.
   return c
 
 

@@ -18,8 +18,6 @@ def _config(kind='hierarchical', **model):
   c.model.update(num_layers=3, byte_window=8)
   c.model.update(model)
   c.model.kind = kind
-  if kind == 'flat':
-    c.estimator.kind = 'none'
   return c
 
 

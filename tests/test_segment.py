@@ -25,7 +25,7 @@ def _fresh_model(byte_window=8, seq_len=48):
   c = config_defaults.base_config()
   c.model.d_model, c.model.byte_window, c.model.capacity = 32, byte_window, seq_len
   c.data.seq_len = seq_len
-  c.boundary.scale = 4.0  # Spread the untrained policy's probabilities so boundaries vary.
+  c.boundary.policy.scale = 4.0  # Spread the untrained policy's probabilities so boundaries vary.
   model = models.build_model(c)
   params = nn.unbox(model.init(jax.random.PRNGKey(3), *models.init_args(c, 1, seq_len))['params'])
   params['boundary']['bias'] = jnp.zeros(())  # p near 0.5: greedy boundaries on some bytes only.

@@ -58,8 +58,6 @@ def _config(method):
   )
   c.data.update(seq_len=32, batch_size=8)
   c.boundary.method = method
-  if method != 'policy':
-    c.estimator.kind = 'none'
   # Constant learning rate. Adam's first update is about lr * sign(grad), so gradient magnitudes
   # that differ between meshes show in grad_norm and in the later steps' losses.
   c.optim.update(lr=LR, warmup_steps=1, warmup_init_factor=1.0, min_lr_factor=1.0)

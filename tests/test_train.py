@@ -30,7 +30,7 @@ def _train_rows(workdir):
 
 def test_loss_falls_on_a_small_real_slice(tmp_path):
   c = tiny_config(str(tmp_path))
-  c.model.kind, c.estimator.kind = 'flat', 'none'
+  c.model.kind = 'flat'
   c.data.batch_size, c.train.steps, c.train.log_every = 8, 40, 1
   c.train.eval_every = c.train.checkpoint_every = 40
   train.train(c)

@@ -56,7 +56,7 @@ def _variant(config, seq_len, batch, **model_fields):
   c.model.capacity = max(c.model.capacity, int(0.5 * seq_len))
   for k, v in model_fields.items():
     if k == 'window':
-      c.boundary.window = v
+      c.boundary.policy.window = v
     else:
       c.model[k] = v
   return c
@@ -143,7 +143,6 @@ def main(argv):
       sizes[n] = sum(x.size for x in jax.tree.leaves(nn.unbox(shapes)))
     n = min(sizes, key=lambda k: abs(sizes[k] - hier_params))
     c = _variant(config, seq_len, batch, kind='flat', num_layers=n, byte_window=0)
-    c.estimator.kind = 'none'
     sec, trainer, _, _ = _time_train_step(c, steps)
     print(
         f'{seq_len:>5} {batch:>5} {f"flat ({n} layers)":<26} {trainer.num_params / 1e6:>7.2f}M '
