@@ -12,7 +12,10 @@ from tokjax.errors import UserError
 def _fresh(window: int):
   c = config_defaults.base_config()
   c.model.d_model, c.model.byte_window, c.model.main_layers = 32, 8, 2
-  c.boundary.policy.window, c.boundary.policy.scale = window, 4.0  # A sequential policy reads its own history.
+  c.boundary.policy.window, c.boundary.policy.scale = (
+      window,
+      4.0,
+  )  # A sequential policy reads its own history.
   model = models.build_model(c)
   params = nn.unbox(model.init(jax.random.PRNGKey(1), *models.init_args(c, 1, 32))['params'])
   if window == 1:  # The independent policy has no logit scale: spread its logits directly instead.
