@@ -8,11 +8,11 @@ a prompt byte while reading the prompt, then a sample (temperature, top-k).
 Two paths make the same computation:
   - uncached: every step reruns the whole model on the buffer of all N positions (O(N) per byte),
     exactly the training forward (`HierarchicalByteLM` in mode 'given' on the decisions so far);
-  - cached: every step feeds one byte through single-position layers that keep key/value caches:
-    a ring buffer of the last `byte_window` positions for each byte layer (sliding-window attention),
-    and a buffer of all closed chunks for each chunk layer, written only when a_t = 1. The cached
-    layers reuse the model's own parameter tree and modules (RMSNorm, GeGLU, Embed, LMHead and
-    the boundary policy); only attention's data flow is re-expressed with a cache.
+  - cached: every step feeds one byte through the model's own stacks (`layers.Stack`, the blocks
+    training runs) called with key/value caches: a ring buffer of the last `byte_window` positions
+    for each byte layer (sliding-window attention), and a buffer of all closed chunks for each chunk
+    layer, written only when a_t = 1. Embedding, heads and the boundary policy are the model's
+    modules too, on the model's own parameter tree.
 Both draw a_t and x_{t+1} from the same keys (fold_in(key, t), then 0 for the boundary, 1 for the
 byte), so for a fixed key they agree up to float rounding: the same decisions and bytes, logits equal
 to ~1e-5 (tests/test_sample.py).
@@ -26,7 +26,6 @@ Shape names: B rows, N total positions (BOS + prompt + generated), S cache slots
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -34,80 +33,6 @@ from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 from tokjax.models import boundaries as bd
 from tokjax.models import chunking, layers
-
-
-class CachedAttention(nn.Module):
-  """`layers.Attention` for one new position with a key/value cache (same parameter names).
-
-  The new key/value goes to cache slot `slot` where `write` is true; the query attends to every valid
-  cached key at a position <= its own (and within `window` when window > 0).
-  """
-
-  num_heads: int
-  window: int = 0
-  dtype: layers.Dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, x, position, cache, slot, write):
-    """x: [B, 1, D], position/slot: int32[B], write: bool[B], cache: {k, v: [B, S, H, K],
-    pos: int32[B, S], valid: bool[B, S]} -> ([B, 1, D], updated cache)."""
-    d = x.shape[-1]
-    proj = lambda name: nn.DenseGeneral(
-        (self.num_heads, d // self.num_heads), use_bias=False, dtype=self.dtype, name=name
-    )(x)
-    q, k, v = proj('query'), proj('key'), proj('value')
-    q, k = layers.apply_rope(q, position[:, None]), layers.apply_rope(k, position[:, None])
-    hit = (jnp.arange(cache['pos'].shape[1])[None, :] == slot[:, None]) & write[:, None]  # [B, S]
-    new = {
-        'k': jnp.where(hit[..., None, None], k, cache['k']),
-        'v': jnp.where(hit[..., None, None], v, cache['v']),
-        'pos': jnp.where(hit, position[:, None], cache['pos']),
-        'valid': cache['valid'] | hit,
-    }
-    out = layers.full_causal_attention(
-        q, new['k'], new['v'], position[:, None], new['pos'], new['valid'], self.window
-    )
-    out = nn.DenseGeneral(d, axis=(-2, -1), use_bias=False, dtype=self.dtype, name='out')(out)
-    return out, new
-
-
-class CachedStack(nn.Module):
-  """`layers.Stack` (blocks `block_i` of `layers.Block`) for one new position, with caches."""
-
-  num_layers: int
-  num_heads: int
-  mlp_hidden: int
-  window: int = 0
-  dtype: layers.Dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, x, position, caches, slot, write):
-    new_caches = []
-    for i in range(self.num_layers):
-      x, cache = _CachedBlock(
-          self.num_heads, self.mlp_hidden, self.window, self.dtype, name=f'block_{i}'
-      )(x, position, caches[i], slot, write)
-      new_caches.append(cache)
-    return x, new_caches
-
-
-class _CachedBlock(nn.Module):
-  """`layers.Block` for one new position (same submodule names)."""
-
-  num_heads: int
-  mlp_hidden: int
-  window: int = 0
-  dtype: layers.Dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, x, position, cache, slot, write):
-    norm = lambda name: layers.RMSNorm(dtype=self.dtype, name=name)
-    h, cache = CachedAttention(self.num_heads, self.window, self.dtype, name='attn')(
-        norm('pre_attn_norm')(x), position, cache, slot, write
-    )
-    x = x + norm('post_attn_norm')(h)
-    h = layers.GeGLU(self.mlp_hidden, self.dtype, name='mlp')(norm('pre_mlp_norm')(x))
-    return x + norm('post_mlp_norm')(h), cache
 
 
 def check_supported(model) -> None:
@@ -186,29 +111,27 @@ def cached_step(model, params, caches, token, t, key, mode: str):
   """One position through the cached layers. token: int32[B], t: scalar int32 ->
   (caches, next-byte logits float32[B, V], a_t float32[B], policy logit float32[B])."""
   b = token.shape[0]
-  d, h = model.d_model, model.num_heads
   position = jnp.full((b,), t, jnp.int32)
   ones = jnp.ones((b,), bool)
-  byte_stack = lambda n: CachedStack(n, h, model.byte_mlp_ratio * d, model.byte_window, model.dtype)
+
+  def stack(which, x, slot, write):
+    return layers.Stack(*model.stack_args(which)).apply(
+        {'params': params[which]}, x, position[:, None], None, caches[which], slot, write
+    )
+
   byte_slot = position % caches['encoder'][0]['pos'].shape[1] if model.encoder_layers else position
-  x = layers.Embed(model.vocab_size, d, model.dtype).apply(
+  x = layers.Embed(model.vocab_size, model.d_model, model.dtype).apply(
       {'params': params['embed']}, token[:, None]
   )
-  hid, enc = byte_stack(model.encoder_layers).apply(
-      {'params': params['encoder']}, x, position, caches['encoder'], byte_slot, ones
-  )
+  hid, enc = stack('encoder', x, byte_slot, ones)
   k_bnd, _ = _step_keys(key, t)
   logit = policy_logit(model.boundary, params['boundary'], hid[:, 0], caches['history'])
   a = decide(logit, t, k_bnd, mode)
   close = a > 0.5
-  chunk_out, main = CachedStack(
-      model.main_layers, h, model.main_mlp_ratio * d, 0, model.dtype
-  ).apply({'params': params['main']}, hid, position, caches['main'], caches['num_chunks'], close)
+  chunk_out, main = stack('main', hid, caches['num_chunks'], close)
   last = jnp.where(close[:, None, None], chunk_out, caches['last_chunk'])
   dec_slot = position % caches['decoder'][0]['pos'].shape[1] if model.decoder_layers else position
-  y, dec = byte_stack(model.decoder_layers).apply(
-      {'params': params['decoder']}, hid + last, position, caches['decoder'], dec_slot, ones
-  )
+  y, dec = stack('decoder', hid + last, dec_slot, ones)
   logits = layers.LMHead(model.vocab_size, model.dtype).apply({'params': params['head']}, y)[:, 0]
   caches = {
       'encoder': enc,

@@ -1,5 +1,20 @@
 """The training state (step, parameters, optimizer state), the optimizer, and the jitted train and eval
 steps, sharded over the device mesh with `jax.jit(in_shardings=, out_shardings=)`.
+
+Gradient accumulation (config.optim.grad_accum_steps = n > 1) splits the global batch of B rows into
+n micro-batches of B / n rows (micro-batch i holds rows i, i + n, i + 2n, ...: strided, so that each
+one spreads over every data shard) and sums their gradients in a `lax.scan` inside the jitted step,
+so activations are held for B / n rows at a time. The step then applies mean_i grad(loss_i), where
+loss_i is the objective on micro-batch i with key fold_in(key, i). What couples rows of a batch is
+therefore computed per micro-batch, and this is how the accumulated step differs from the plain one:
+  - the score function's batch-relative baseline (estimator.batch_relative) is the mean over the
+    micro-batch's B / n rows, not over all B (and leave-one-out groups stay within a micro-batch);
+  - the rate loss's stop-gradient controller uses the micro-batch's mean boundary probability;
+  - boundaries are drawn with a key per micro-batch, so the draws differ from the plain step's;
+  - masked means are per micro-batch, then averaged with equal weights: equal to the global mean when
+    every micro-batch holds the same number of valid targets (training batches are full rows).
+A model whose rows are independent (the flat model; fixed-rule boundaries) gets the plain step's
+loss and update up to float rounding (tests/test_accumulation.py checks both statements).
 """
 
 import functools
@@ -11,6 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from tokjax import models, sharding
+from tokjax.errors import UserError
 
 
 @flax.struct.dataclass
@@ -60,6 +76,7 @@ class Trainer:
     self.model = models.build_model(config)
     self.tx = make_optimizer(config)
     b, l = config.data.batch_size, config.data.seq_len
+    self.accum_steps = check_accumulation(config, mesh)
     self._init_args = models.init_args(config, b, l)
     with sharding.use(mesh, config.mesh):
       boxed = jax.eval_shape(self._boxed_state, jax.random.PRNGKey(0))
@@ -74,7 +91,7 @@ class Trainer:
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     train_objective = models.objective(config, self.model, 'sample')
     self._train_step = jax.jit(
-        functools.partial(_train_step, train_objective, self.tx),
+        functools.partial(_train_step, train_objective, self.tx, self.accum_steps),
         in_shardings=(self.state_sharding, data_sharding, replicated),
         out_shardings=(self.state_sharding, replicated),
         donate_argnums=(0,),
@@ -116,10 +133,65 @@ class Trainer:
       return self._eval_steps[mode](params, batch, key)
 
 
-def _train_step(objective, tx, state, batch, key):
+def check_accumulation(config, mesh) -> int:
+  """config.optim.grad_accum_steps, checked against the batch and the mesh before compiling."""
+  n = config.optim.get('grad_accum_steps', 1)
+  b = config.data.batch_size
+  if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    raise UserError(f'config.optim.grad_accum_steps={n!r} must be a positive integer (1 = off).')
+  if b % n:
+    raise UserError(
+        f'config.optim.grad_accum_steps={n} does not divide config.data.batch_size={b}; choose a '
+        f'divisor of {b} (micro-batches hold batch_size / grad_accum_steps rows).'
+    )
+  shards = mesh.shape['data'] * mesh.shape['fsdp']
+  if (b // n) % shards:
+    raise UserError(
+        f'micro-batches of {b // n} rows (data.batch_size={b} / optim.grad_accum_steps={n}) '
+        f'cannot be split over data*fsdp = {shards} devices; make batch_size / grad_accum_steps '
+        f'a multiple of {shards}.'
+    )
+  return n
+
+
+def micro_batches(batch, n: int):
+  """[B, ...] leaves -> [n, B / n, ...]; micro-batch i holds rows i, i + n, i + 2n, ..."""
+  return jax.tree.map(lambda x: x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1), batch)
+
+
+def accumulated_grads(grad_fn, params, batch, key, step, n: int):
+  """(mean loss, mean metrics, mean gradient) over n micro-batches (see the module docstring).
+
+  grad_fn: value_and_grad of the objective (params, batch, key, step) with aux (metrics, ce).
+  """
+
+  def run(micro, i):
+    micro = jax.tree.map(
+        lambda x: nn.with_logical_constraint(x, ('batch',) + (None,) * (x.ndim - 1)), micro
+    )
+    (loss, (metrics, _)), grads = grad_fn(params, micro, jax.random.fold_in(key, i), step)
+    return loss, metrics, grads
+
+  micro = micro_batches(batch, n)
+  first = jax.tree.map(lambda x: x[0], micro)
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(run, first, 0))
+
+  def body(total, inputs):
+    return jax.tree.map(jnp.add, total, run(*inputs)), None
+
+  total, _ = jax.lax.scan(body, zeros, (micro, jnp.arange(n)))
+  return jax.tree.map(lambda x: x / n, total)
+
+
+def _train_step(objective, tx, accum_steps, state, batch, key):
   key = jax.random.fold_in(key, state.step)
   grad_fn = jax.value_and_grad(objective, has_aux=True)
-  (loss, (metrics, _)), grads = grad_fn(state.params, batch, key, state.step)
+  if accum_steps == 1:
+    (loss, (metrics, _)), grads = grad_fn(state.params, batch, key, state.step)
+  else:
+    loss, metrics, grads = accumulated_grads(
+        grad_fn, state.params, batch, key, state.step, accum_steps
+    )
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics['grad_norm'] = optax.global_norm(grads)

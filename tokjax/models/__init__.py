@@ -6,7 +6,7 @@ import jax.numpy as jnp
 
 from tokjax import losses
 from tokjax.data import VOCAB_SIZE
-from tokjax.models import boundaries, flat, hierarchical
+from tokjax.models import boundaries, flat, hierarchical, layers
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
@@ -27,6 +27,7 @@ def build_model(config):
   """config.model.kind: 'flat' (FlatByteLM) or 'hierarchical' (HierarchicalByteLM)."""
   m = config.model
   dtype = DTYPES[m.dtype]
+  opts = layers.stack_options(m)  # Remat, scanned layers, attention: checked here (UserError).
   if m.kind == 'flat':
     return flat.FlatByteLM(
         VOCAB_SIZE,
@@ -36,6 +37,9 @@ def build_model(config):
         m.mlp_ratio * m.d_model,
         m.byte_window,
         dtype,
+        opts['remat']['main'],
+        opts['scan_layers'],
+        opts['attention'],
     )
   return hierarchical.HierarchicalByteLM(
       VOCAB_SIZE,
@@ -51,6 +55,9 @@ def build_model(config):
       capacity=m.capacity,
       dtype=dtype,
       value_head=config.estimator.get('baseline', 'batch') == 'value',
+      remat=tuple(opts['remat'][s] for s in ('encoder', 'main', 'decoder')),
+      scan_layers=opts['scan_layers'],
+      attention=opts['attention'],
   )
 
 

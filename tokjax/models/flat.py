@@ -16,6 +16,9 @@ class FlatByteLM(nn.Module):
   mlp_hidden: int
   window: int = 0
   dtype: layers.Dtype = jnp.float32
+  remat: str = 'none'  # Memory and speed options of the stack: see layers.Stack.
+  scan_layers: bool = False
+  attention: str = 'blocked'
 
   @nn.compact
   def __call__(self, tokens):
@@ -23,6 +26,14 @@ class FlatByteLM(nn.Module):
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     x = layers.Embed(self.vocab_size, self.d_model, self.dtype, name='embed')(tokens)
     x = layers.Stack(
-        self.num_layers, self.num_heads, self.mlp_hidden, self.window, self.dtype, name='layers'
+        self.num_layers,
+        self.num_heads,
+        self.mlp_hidden,
+        self.window,
+        self.dtype,
+        self.remat,
+        self.scan_layers,
+        self.attention,
+        name='layers',
     )(x, positions)
     return {'logits': layers.LMHead(self.vocab_size, self.dtype, name='head')(x)}

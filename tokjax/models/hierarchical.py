@@ -36,18 +36,31 @@ class HierarchicalByteLM(nn.Module):
   value_head: bool = (
       False  # A critic on the (detached) encoder state, for estimator.baseline='value'.
   )
+  # Memory and speed options of the stacks (layers.Stack): remat policy of encoder, main, decoder.
+  remat: tuple[str, str, str] = ('none', 'none', 'none')
+  scan_layers: bool = False
+  attention: str = 'blocked'
+
+  def stack_args(self, which: str) -> tuple:
+    """`layers.Stack`'s arguments for stack `which` ('encoder' | 'main' | 'decoder')."""
+    d, h = self.d_model, self.num_heads
+    n, mlp, window = {
+        'encoder': (self.encoder_layers, self.byte_mlp_ratio * d, self.byte_window),
+        'main': (self.main_layers, self.main_mlp_ratio * d, 0),
+        'decoder': (self.decoder_layers, self.byte_mlp_ratio * d, self.byte_window),
+    }[which]
+    remat = self.remat[('encoder', 'main', 'decoder').index(which)]
+    return (n, h, mlp, window, self.dtype, remat, self.scan_layers, self.attention)
 
   def setup(self):
-    d, h = self.d_model, self.num_heads
-    byte_stack = lambda n: layers.Stack(n, h, self.byte_mlp_ratio * d, self.byte_window, self.dtype)
-    self.embed = layers.Embed(self.vocab_size, d, self.dtype)
-    self.encoder = byte_stack(self.encoder_layers)
-    self.main = layers.Stack(self.main_layers, h, self.main_mlp_ratio * d, 0, self.dtype)
-    self.decoder = byte_stack(self.decoder_layers)
+    self.embed = layers.Embed(self.vocab_size, self.d_model, self.dtype)
+    self.encoder = layers.Stack(*self.stack_args('encoder'))
+    self.main = layers.Stack(*self.stack_args('main'))
+    self.decoder = layers.Stack(*self.stack_args('decoder'))
     self.early_head = layers.LMHead(self.vocab_size, self.dtype)
     self.head = layers.LMHead(self.vocab_size, self.dtype)
     if self.value_head:
-      self.critic = Critic(d)
+      self.critic = Critic(self.d_model)
 
   def encode(self, tokens):
     """tokens: int32[B, L] -> (h: [B, L, D], early_logits: float32[B, L, V])."""

@@ -4,6 +4,20 @@ A block is RMSNorm before *and* after each sublayer, rotary position embeddings 
 positions, and a GeGLU MLP. Attention is causal; with `window > 0` it is sliding-window causal and, for
 sequences longer than the window, computed block-locally at O(L x window) cost instead of O(L^2).
 
+One block implementation serves training and decoding: called with a key/value `cache`, attention
+writes the new positions' keys and values into it and attends over the cache, which is how
+`tokjax.decoding` feeds one byte at a time through the very modules the model trains with.
+
+Memory and speed options of a `Stack` (each a config field, see `stack_options`):
+  remat: 'none' | 'dots' | 'full', a `jax.checkpoint` policy per stack ('dots' keeps the results of
+    matrix multiplications without batch dimensions, `dots_with_no_batch_dims_saveable`, and recomputes
+    the rest; 'full' keeps only each block's input);
+  scan: the blocks as one `nn.scan` over stacked parameters (compile time flat in depth; the
+    parameter tree differs, see `scan_params` / `unscan_params`);
+  attention: 'blocked' (the implementations below) | 'dot_product' (`jax.nn.dot_product_attention`,
+    implementation chosen by jax: XLA in jax 0.10) | 'cudnn' (the same, forced onto cuDNN's fused
+    kernel: GPU, bfloat16 or float16 only).
+
 Every parameter carries logical axis names (`embed`, `heads`, `kv`, `mlp`, `vocab`), which
 `tokjax.sharding` maps onto mesh axes; on one device they are inert.
 
@@ -98,16 +112,64 @@ def local_causal_attention(q, k, v, window: int):
   return out.reshape(b, n * window, h, d)[:, :l]
 
 
+def dot_product_causal_attention(q, k, v, window: int = 0, num_keys=None, implementation=None):
+  """Causal attention through `jax.nn.dot_product_attention`: the same as the blocked path.
+
+  q/k/v: [B, L, H, K] with keys in position order; num_keys: int32[B] or None, the number of valid
+  keys (a prefix: true of byte positions 0..L-1 and of `chunking.downsample`'s buffer, whose valid
+  chunk ends increase). For such inputs "slot j <= slot i" is "k_pos <= q_pos", so the mask equals
+  `full_causal_attention`'s; window > 0 keeps keys with q - k < window (`local_window_size`).
+  implementation: None (jax's choice) | 'xla' | 'cudnn'.
+  """
+  return jax.nn.dot_product_attention(
+      q,
+      k,
+      v,
+      is_causal=True,
+      key_value_seq_lengths=None if num_keys is None else num_keys.astype(jnp.int32),
+      local_window_size=(window - 1, 0) if window > 0 else None,
+      implementation=implementation,
+  )
+
+
+ATTENTION_IMPLS = ('blocked', 'dot_product', 'cudnn')
+
+
+def _write_cache(cache, k, v, positions, slot, write):
+  """The cache with the new positions' keys/values written at `slot` where `write` is true.
+
+  cache: {k, v: [B, S, H, K], pos: int32[B, S], valid: bool[B, S]}; k/v: [B, Q, H, K] of which only
+  Q = 1 is supported; positions, slot: int32[B, 1]; write: bool[B].
+  """
+  hit = (jnp.arange(cache['pos'].shape[1])[None, :] == slot) & write[:, None]  # [B, S]
+  return {
+      'k': jnp.where(hit[..., None, None], k, cache['k']),
+      'v': jnp.where(hit[..., None, None], v, cache['v']),
+      'pos': jnp.where(hit, positions, cache['pos']),
+      'valid': cache['valid'] | hit,
+  }
+
+
 class Attention(nn.Module):
-  """Multi-head causal self-attention with RoPE; sliding-window when `window > 0`."""
+  """Multi-head causal self-attention with RoPE; sliding-window when `window > 0`.
+
+  Without a cache it attends within x; with one (decoding, one new position per call) it writes the
+  new key/value into cache slot `slot` where `write` is true and attends over every valid cached key
+  at a position <= its own (within `window`), returning (output, updated cache).
+  """
 
   num_heads: int
   window: int = 0
   dtype: Dtype = jnp.float32
+  attention: str = 'blocked'
 
   @nn.compact
-  def __call__(self, x, positions, key_valid=None):
-    """x: [B, L, D], positions: int[B, L], key_valid: bool[B, L] or None -> [B, L, D]."""
+  def __call__(self, x, positions, key_valid=None, cache=None, slot=None, write=None):
+    """x: [B, L, D], positions: int[B, L], key_valid: bool[B, L] or None -> [B, L, D].
+
+    With cache ({k, v: [B, S, H, K], pos: int32[B, S], valid: bool[B, S]}), L = 1, slot: int32[B]
+    and write: bool[B] -> ([B, 1, D], updated cache).
+    """
     d = x.shape[-1]
     head_dim = d // self.num_heads
     proj = lambda name: nn.DenseGeneral(
@@ -119,13 +181,22 @@ class Attention(nn.Module):
     )(x)
     q, k, v = proj('query'), proj('key'), proj('value')
     q, k = apply_rope(q, positions), apply_rope(k, positions)
+    if cache is not None:
+      cache = _write_cache(cache, k, v, positions, slot[:, None], write)
+      out = full_causal_attention(
+          q, cache['k'], cache['v'], positions, cache['pos'], cache['valid'], self.window
+      )
+    elif self.attention != 'blocked':
+      impl = 'cudnn' if self.attention == 'cudnn' else None
+      num_keys = None if key_valid is None else jnp.sum(key_valid, axis=-1)
+      out = dot_product_causal_attention(q, k, v, self.window, num_keys, impl)
     # Byte layers run at positions 0..L-1 with no padding inside a row, which block-local attention
     # relies on; anything else (chunks, short sequences) takes the dense path.
-    if self.window > 0 and key_valid is None and x.shape[1] > 2 * self.window:
+    elif self.window > 0 and key_valid is None and x.shape[1] > 2 * self.window:
       out = local_causal_attention(q, k, v, self.window)
     else:
       out = full_causal_attention(q, k, v, positions, positions, key_valid, self.window)
-    return nn.DenseGeneral(
+    out = nn.DenseGeneral(
         d,
         axis=(-2, -1),
         use_bias=False,
@@ -133,6 +204,7 @@ class Attention(nn.Module):
         name='out',
         kernel_init=_init(d**-0.5, ('heads', 'kv', 'embed')),
     )(out)
+    return out if cache is None else (out, cache)
 
 
 class GeGLU(nn.Module):
@@ -154,42 +226,175 @@ class GeGLU(nn.Module):
 
 
 class Block(nn.Module):
-  """Gemma-2 block: x + post_norm(attn(pre_norm(x))), then x + post_norm(mlp(pre_norm(x)))."""
+  """Gemma-2 block: x + post_norm(attn(pre_norm(x))), then x + post_norm(mlp(pre_norm(x))).
+
+  With a key/value `cache` (see `Attention`) it returns (x, updated cache).
+  """
 
   num_heads: int
   mlp_hidden: int
   window: int = 0
   dtype: Dtype = jnp.float32
+  attention: str = 'blocked'
 
   @nn.compact
-  def __call__(self, x, positions, key_valid=None):
-    h = Attention(self.num_heads, self.window, self.dtype, name='attn')(
-        RMSNorm(dtype=self.dtype, name='pre_attn_norm')(x), positions, key_valid
+  def __call__(self, x, positions, key_valid=None, cache=None, slot=None, write=None):
+    h = Attention(self.num_heads, self.window, self.dtype, self.attention, name='attn')(
+        RMSNorm(dtype=self.dtype, name='pre_attn_norm')(x), positions, key_valid, cache, slot, write
     )
+    if cache is not None:
+      h, cache = h
     x = x + RMSNorm(dtype=self.dtype, name='post_attn_norm')(h)
     h = GeGLU(self.mlp_hidden, self.dtype, name='mlp')(
         RMSNorm(dtype=self.dtype, name='pre_mlp_norm')(x)
     )
     x = x + RMSNorm(dtype=self.dtype, name='post_mlp_norm')(h)
-    return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+    x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+    return x if cache is None else (x, cache)
+
+
+class _ScanBlock(nn.Module):
+  """A `Block` in `nn.scan`'s calling convention: (carry x, per-layer cache) -> (x, cache)."""
+
+  num_heads: int
+  mlp_hidden: int
+  window: int = 0
+  dtype: Dtype = jnp.float32
+  attention: str = 'blocked'
+
+  @nn.compact
+  def __call__(self, x, cache, positions, key_valid, slot, write):
+    out = Block(
+        self.num_heads, self.mlp_hidden, self.window, self.dtype, self.attention, name='block'
+    )(x, positions, key_valid, cache, slot, write)
+    return out if cache is not None else (out, None)
+
+
+REMAT_POLICIES = {
+    'none': None,
+    'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    'full': jax.checkpoint_policies.nothing_saveable,
+}
+
+SCAN_NAME = (
+    'blocks'  # Stack/blocks/block/...: the scanned layers' parameters, leading axis = layer.
+)
 
 
 class Stack(nn.Module):
-  """`num_layers` blocks in sequence."""
+  """`num_layers` blocks in sequence (see the module docstring for remat, scan and attention).
+
+  Called with caches (a list of one cache per block) it returns (x, updated caches).
+  """
 
   num_layers: int
   num_heads: int
   mlp_hidden: int
   window: int = 0
   dtype: Dtype = jnp.float32
+  remat: str = 'none'
+  scan: bool = False
+  attention: str = 'blocked'
 
   @nn.compact
-  def __call__(self, x, positions, key_valid=None):
-    for i in range(self.num_layers):
-      x = Block(self.num_heads, self.mlp_hidden, self.window, self.dtype, name=f'block_{i}')(
-          x, positions, key_valid
+  def __call__(self, x, positions, key_valid=None, caches=None, slot=None, write=None):
+    fields = (self.num_heads, self.mlp_hidden, self.window, self.dtype, self.attention)
+    if self.scan and self.num_layers:
+      step = _ScanBlock
+      if self.remat != 'none':
+        step = nn.remat(step, policy=REMAT_POLICIES[self.remat], prevent_cse=False)
+      stacked = None if caches is None else jax.tree.map(lambda *c: jnp.stack(c), *caches)
+      scanned = nn.scan(
+          step,
+          variable_axes={'params': 0},
+          split_rngs={'params': True},
+          in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+          length=self.num_layers,
+          metadata_params={nn.PARTITION_NAME: 'layers'},
       )
-    return x
+      x, stacked = scanned(*fields, name=SCAN_NAME)(x, stacked, positions, key_valid, slot, write)
+      if caches is None:
+        return x
+      return x, [jax.tree.map(lambda c, i=i: c[i], stacked) for i in range(self.num_layers)]
+    block = Block
+    if self.remat != 'none':
+      block = nn.remat(block, policy=REMAT_POLICIES[self.remat])
+    new_caches = []
+    for i in range(self.num_layers):
+      cache = None if caches is None else caches[i]
+      x = block(*fields, name=f'block_{i}')(x, positions, key_valid, cache, slot, write)
+      if caches is not None:
+        x, cache = x
+        new_caches.append(cache)
+    return x if caches is None else (x, new_caches)
+
+
+def scan_params(tree):
+  """Parameters of unrolled stacks (block_0 .. block_{n-1}) in the scanned layout, leaves stacked.
+
+  Works on any params tree (a whole model's): every dict whose keys are exactly block_0..block_{n-1}
+  becomes {SCAN_NAME: {'block': stacked}}. Optimizer states are not converted: a scanned model is a
+  fresh-run option, or a way to run an unrolled checkpoint's parameters.
+  """
+  if not isinstance(tree, dict):
+    return tree
+  n = len(tree)
+  if n and set(tree) == {f'block_{i}' for i in range(n)}:
+    blocks = [tree[f'block_{i}'] for i in range(n)]
+    return {SCAN_NAME: {'block': jax.tree.map(lambda *x: jnp.stack(x), *blocks)}}
+  return {k: scan_params(v) for k, v in tree.items()}
+
+
+def unscan_params(tree):
+  """The inverse of `scan_params`: scanned stacks back to block_0 .. block_{n-1}."""
+  if not isinstance(tree, dict):
+    return tree
+  if set(tree) == {SCAN_NAME} and isinstance(tree[SCAN_NAME], dict):
+    if set(tree[SCAN_NAME]) == {'block'}:
+      stacked = tree[SCAN_NAME]['block']
+      n = jax.tree.leaves(stacked)[0].shape[0]
+      return {f'block_{i}': jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n)}
+  return {k: unscan_params(v) for k, v in tree.items()}
+
+
+def stack_options(model_config) -> dict:
+  """The memory and speed options of config.model, checked (UserError), as Stack keyword values.
+
+  Returns {'remat': {'encoder', 'main', 'decoder': policy name}, 'scan_layers': bool,
+  'attention': str}; configs written before these fields existed get the defaults.
+  """
+  from tokjax.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  remat = dict(model_config.get('remat', None) or {})
+  unknown = set(remat) - {'encoder', 'main', 'decoder'}
+  if unknown:
+    raise UserError(
+        f'config.model.remat has unknown stack(s) {sorted(unknown)}; its fields are encoder, main, '
+        'decoder (the flat model uses main).'
+    )
+  remat = {s: remat.get(s, 'none') for s in ('encoder', 'main', 'decoder')}
+  for stack, policy in remat.items():
+    if policy not in REMAT_POLICIES:
+      raise UserError(
+          f'config.model.remat.{stack}={policy!r} is not valid; use one of '
+          f'{tuple(REMAT_POLICIES)}.'
+      )
+  attention = model_config.get('attention', 'blocked')
+  if attention not in ATTENTION_IMPLS:
+    raise UserError(
+        f'config.model.attention={attention!r} is not valid; use one of {ATTENTION_IMPLS}.'
+    )
+  if attention == 'cudnn' and (
+      jax.default_backend() != 'gpu' or model_config.get('dtype', 'float32') == 'float32'
+  ):
+    raise UserError(
+        "config.model.attention='cudnn' needs a GPU and config.model.dtype='bfloat16' (cuDNN's "
+        "fused attention has no float32 kernel); use 'dot_product' elsewhere."
+    )
+  scan = model_config.get('scan_layers', False)
+  if not isinstance(scan, bool):
+    raise UserError(f'config.model.scan_layers={scan!r} must be True or False.')
+  return {'remat': remat, 'scan_layers': scan, 'attention': attention}
 
 
 class Embed(nn.Module):
