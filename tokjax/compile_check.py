@@ -231,6 +231,10 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
       'hbm_bytes': hbm_bytes,
       'analytic_flops_per_step': analytic,
       'analytic_flops_per_device': analytic / len(devices),
+      # The method's work with the main network on target_rate * L chunks (MFU counts these).
+      'model_flops_per_step_at_target_rate': flops.step_flops(config, config.boundary.target_rate)
+      if config.model.kind == 'hierarchical'
+      else analytic,
   }
   # The memory options (config_defaults: model.remat/scan_layers/attention, optim.grad_accum_steps).
   m = config.model
