@@ -176,7 +176,7 @@ def write_report(path: str, info: dict, steps: list, sampler: dict, run: dict, d
       f'(jax {info["jax"]}, {info["devices"]} device(s), one used; memory limit '
       f'{_fmt(info["hbm_gib"], ".1f")} GiB).',
       '',
-      '## Train-step throughput (random bytes, bf16, one device)',
+      f'## Train-step throughput (random bytes, {steps[0].get("dtype", "")}, one device)',
       '',
       '| config | params | batch x L | step s | bytes/s | realised rate | model TFLOP/s | MFU '
       '| XLA TFLOP/step | peak memory GiB |',

@@ -427,7 +427,7 @@ def main(argv):
     reports = []
     for f in files:
       with open(os.path.join(_TABLE.value, f)) as fh:
-        reports.append(dict({'config': f[: -len('.json')]}, **json.load(fh)))
+        reports.append(dict(json.load(fh), config=f[: -len('.json')]))
     print(markdown_table(reports))
     return
   platform, count = parse_topology(_TOPOLOGY.value)
