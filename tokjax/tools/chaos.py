@@ -9,10 +9,13 @@ step, time per checkpoint save) calibrates the kills. Then the same config train
 each of --kills launches gets a real SIGKILL at a moment of one of four kinds (each kind as often as
 the others, order and moments drawn with --seed):
 
-  compile       after the run prints its header line, within the reference compile time
-  mid_step      a random fraction of a step time after a random step's progress line
-  during_save   while orbax writes a random checkpoint step (in the first half of a typical save)
-  after_save    a random fraction of a step time after a checkpoint step is complete
+  compile       after the run prints its header line, within the time the latest launch took
+                from that line to its first step (the uninterrupted run's, at first), and at the
+                latest at its first progress line
+  mid_step      a random fraction of a step time after the progress line of a random step up to
+                the next checkpoint
+  during_save   while orbax writes the next checkpoint (in the first half of a typical save)
+  after_save    a random fraction of a step time after the next checkpoint is complete
 
 and is resumed with `--resume` (a launch killed before any checkpoint existed starts again from
 scratch in an emptied folder, as a user would). The last launch runs to the end. The check: every
@@ -213,19 +216,29 @@ def checkpoint_steps(config) -> list[int]:
 
 
 def make_trigger(kind, rng: random.Random, cal: Calibration, config, resumed: int):
-  """A kill trigger for `launch` of the given kind, its target and delay drawn from rng."""
+  """(kind, kill trigger for `launch`): the trigger's target and delay drawn from rng.
+
+  Targets lie before or at the next checkpoint after `resumed`, so that each kill moves the run on
+  by at most one checkpoint and many kills fit in one run. An after-save kill with no checkpoint
+  left before the last one kills during the last save instead (killing after it ends the run).
+  """
   total, u = config.train.steps, rng.random()
-  saves = [s for s in checkpoint_steps(config) if s > resumed]
+  following = next(s for s in checkpoint_steps(config) if s > resumed)
+  if kind == 'after_save' and following == total:
+    kind = 'during_save'
   if kind == 'compile':
     delay = u * cal.compile_s
 
     def trigger(rec, now):
       if rec.header is not None and now >= rec.header + delay:
-        return f'{delay:.2f}s after the header line ({u:.0%} of the reference compile time)'
+        return f'{delay:.2f}s after the header line ({u:.0%} of the expected compile time)'
+      if rec.steps:  # Compiled sooner than expected (a warm compilation cache): still no progress.
+        return f'at the first progress line (step {min(rec.steps)}), before the drawn {delay:.2f}s'
 
   elif kind == 'mid_step':
-    logged = [s for s in range(resumed + 1, total) if s % config.train.log_every == 0]
-    target, delay = rng.choice(logged or [total]), u * cal.step_s
+    last = min(following, total - 1)
+    logged = [s for s in range(resumed + 1, last + 1) if s % config.train.log_every == 0]
+    target, delay = rng.choice(logged or [following]), u * cal.step_s
 
     def trigger(rec, now):
       if target in rec.steps and now >= rec.steps[target] + delay:
@@ -233,7 +246,7 @@ def make_trigger(kind, rng: random.Random, cal: Calibration, config, resumed: in
 
   elif kind == 'during_save':
     # Within the first half of a typical save, so that most of these kills find the save running.
-    target, delay = rng.choice(saves), u * cal.save_s / 2
+    target, delay = following, u * cal.save_s / 2
 
     def trigger(rec, now):
       if target in rec.save_done:  # Saved faster than this process could look.
@@ -242,8 +255,7 @@ def make_trigger(kind, rng: random.Random, cal: Calibration, config, resumed: in
         return f'while saving step {target}, {delay:.3f}s after its temporary folder appeared'
 
   elif kind == 'after_save':
-    target = rng.choice([s for s in saves if s < total] or saves)
-    delay = u * cal.step_s
+    target, delay = following, u * cal.step_s
 
     def trigger(rec, now):
       if target in rec.save_done and now >= rec.save_done[target] + delay:
@@ -251,7 +263,7 @@ def make_trigger(kind, rng: random.Random, cal: Calibration, config, resumed: in
 
   else:
     raise ValueError(f'unknown kill kind {kind!r}; use one of {KINDS}')
-  return trigger
+  return kind, trigger
 
 
 def kill_schedule(kills: int, rng: random.Random) -> list[str]:
@@ -402,10 +414,12 @@ def run(config, config_path, overrides, kills, seed, workdir, reference_args=(),
       print(f'kill {i}/{kills}: the run is complete already; no more kills', flush=True)
       break
     command = _continue(train, chaos_dir)
-    trigger = make_trigger(kind, rng, cal, config, resumed or 0)
+    kind, trigger = make_trigger(kind, rng, cal, config, resumed or 0)
     rec = launch(command, chaos_dir, os.path.join(workdir, f'chaos_{i}.log'), trigger, timeout)
     rec.kind = kind
     launches.append(rec)
+    if rec.header is not None and rec.steps:  # Start-up of a resume (a warm compilation cache).
+      cal.compile_s = rec.steps[min(rec.steps)] - rec.header
     print(_describe(i, kills, rec), flush=True)
     if rec.killed_at is None and rec.returncode != 0:
       verdict = f'launch {i} failed (status {rec.returncode}): {rec.last_line}'
