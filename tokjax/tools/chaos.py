@@ -118,6 +118,15 @@ def _listdir(path: str) -> list[str]:
     return []
 
 
+def _stamp(folder: str, name: str) -> tuple[int, int] | None:
+  """(inode, mtime) of folder/name: a folder deleted and made again, or written, gets a new one."""
+  try:
+    st = os.stat(os.path.join(folder, name))
+  except FileNotFoundError:
+    return None
+  return st.st_ino, st.st_mtime_ns
+
+
 def latest_step(workdir: str) -> int | None:
   """Latest complete checkpoint step of a run folder (orbax renames a step folder when complete)."""
   steps = [int(n) for n in _listdir(os.path.join(workdir, 'checkpoints')) if n.isdigit()]
@@ -140,7 +149,9 @@ def launch(command, workdir, log_path, trigger=None, timeout=3600.0) -> Launch:
   """
   ckpt = os.path.join(workdir, 'checkpoints')
   rec = Launch(command=list(command), resumed_from=latest_step(workdir))
-  present = set(_listdir(ckpt))
+  present = {n for n in _listdir(ckpt) if n.isdigit()}
+  # Temporary folders of saves that an earlier kill cut, until deleted or written again.
+  stale = {n: _stamp(ckpt, n) for n in _listdir(ckpt) if _TMP_STEP.match(n)}
   env = dict(os.environ, PYTHONUNBUFFERED='1')
   start = time.monotonic()
   with open(log_path, 'w') as log:
@@ -168,11 +179,19 @@ def launch(command, workdir, log_path, trigger=None, timeout=3600.0) -> Launch:
     reader.start()
     while proc.poll() is None:
       now = time.monotonic() - start
-      for name in _listdir(ckpt):
+      names = _listdir(ckpt)
+      for name in names:
+        if name in stale and _stamp(ckpt, name) != stale[name]:
+          del stale[name]  # Orbax reuses a step's temporary folder name: this is a new save.
+        if name in present or name in stale:
+          continue
         if m := _TMP_STEP.match(name):
           rec.save_start.setdefault(int(m.group(1)), now)
-        elif name.isdigit() and name not in present:
+        elif name.isdigit():
           rec.save_done.setdefault(int(name), now)
+      for name in [n for n in stale if n not in names]:
+        del stale[name]  # Deleted: the next folder of that name is a new save.
+      present &= set(names)  # A discarded step saved again is a new save.
       note = trigger(rec, now) if trigger else None
       if note is None and now > timeout:
         note = f'hung: still running after {timeout:.0f}s'
@@ -182,7 +201,7 @@ def launch(command, workdir, log_path, trigger=None, timeout=3600.0) -> Launch:
         rec.last_step_at_kill = max(rec.steps, default=None)
         rec.checkpoint_at_kill = latest_step(workdir)
         rec.saving_at_kill = sorted(
-            int(m.group(1)) for n in _listdir(ckpt) if (m := _TMP_STEP.match(n))
+            int(m.group(1)) for n in _listdir(ckpt) if n not in stale and (m := _TMP_STEP.match(n))
         )
         proc.wait()
         break
