@@ -105,3 +105,14 @@ def test_compare_runs_every_method_end_to_end(tmp_path, monkeypatch):
     assert os.path.getsize(out / name) > 0
   seg = (out / 'segmentations.md').read_text()
   assert all(f'## {m}' in seg for m in compare.method_names() if m != 'flat')
+
+
+def test_readme_extending_example_is_the_tested_toy_method():
+  """README's "Extending tokjax" shows tests/toy_boundary.py, which the test above trains."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, 'README.md')) as f:
+    readme = f.read()
+  example = readme[readme.index('## Extending tokjax') :].split('```python\n')[1].split('```')[0]
+  with open(os.path.join(root, 'tests', 'toy_boundary.py')) as f:
+    toy = f.read()
+  assert example.strip() == toy[toy.index('import flax') :].strip()

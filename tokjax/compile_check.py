@@ -54,6 +54,9 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   )
   _EVAL = flags.DEFINE_bool('eval', True, 'Also compile the eval step(s).')
   _OUT = flags.DEFINE_string('out', '', 'Also write the report as JSON to this file.')
+  _TABLE = flags.DEFINE_string(
+      'table', '', 'Only print a markdown table of the JSON reports in this folder, and exit.'
+  )
   _HBM_GIB = flags.DEFINE_float(
       'hbm_gib', 0.0, "Memory per device to check against, GiB (0 = the chip's HBM; none on CPU)."
   )
@@ -139,7 +142,8 @@ def _shard_bytes(abstract_tree, shardings) -> int:
   return total
 
 
-def _flops(compiled):
+def xla_flops(compiled):
+  """FLOPs of a compiled step from XLA's cost_analysis (per device for a partitioned step)."""
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else None
@@ -152,19 +156,43 @@ _OOM = re.compile(
 _UNIT = {'': 1, 'K': 2**10, 'M': 2**20, 'G': 2**30, 'T': 2**40}
 
 
-def abstract_batch(config, mesh):
-  """ShapeDtypeStructs of a training batch {inputs, targets: int32[B, L], mask: float32[B, L]}."""
+def total_bytes(mem) -> int:
+  """Peak bytes per device of a compiled step: arguments + outputs - donated + temporaries + code."""
+  return (
+      mem.argument_size_in_bytes
+      + mem.output_size_in_bytes
+      - mem.alias_size_in_bytes
+      + mem.temp_size_in_bytes
+      + mem.generated_code_size_in_bytes
+  )
+
+
+def compile_train_step(trainer):
+  """The Trainer's jitted train step compiled for its mesh on abstract state and batch."""
+  from tokjax import sharding  # pylint: disable=g-import-not-at-top
+
+  batch, key = abstract_inputs(trainer.config, trainer.mesh)
+  with sharding.use(trainer.mesh, trainer.config.mesh):
+    lowered = trainer._train_step.lower(trainer.abstract_state, batch, key)  # pylint: disable=protected-access
+    return lowered.compile()
+
+
+def abstract_inputs(config, mesh):
+  """ShapeDtypeStructs of a training batch {inputs, targets: int32[B, L], mask: float32[B, L]} and
+  of a replicated jax.random.PRNGKey."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   from tokjax import sharding  # pylint: disable=g-import-not-at-top
 
   shape, s = (config.data.batch_size, config.data.seq_len), sharding.batch_sharding(mesh)
-  return dict(
+  batch = dict(
       inputs=jax.ShapeDtypeStruct(shape, jnp.int32, sharding=s),
       targets=jax.ShapeDtypeStruct(shape, jnp.int32, sharding=s),
       mask=jax.ShapeDtypeStruct(shape, jnp.float32, sharding=s),
   )
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return batch, jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)
 
 
 def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
@@ -173,8 +201,6 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
   A step that runs out of memory in the compiler is reported with fits=False and, where the compiler
   says, the bytes it needed; other compile errors propagate.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   from tokjax import config_defaults, flops, sharding, train_state  # pylint: disable=g-import-not-at-top
 
@@ -188,9 +214,7 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
     )
   trainer = train_state.Trainer(config, mesh)
   state, shard = trainer.abstract_state, trainer.state_sharding
-  batch = abstract_batch(config, mesh)
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)  # jax.random.PRNGKey layout.
+  batch, key = abstract_inputs(config, mesh)
   analytic = flops.step_flops(config)
   report = {
       'topology_devices': len(devices),
@@ -207,17 +231,23 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
       'hbm_bytes': hbm_bytes,
       'analytic_flops_per_step': analytic,
       'analytic_flops_per_device': analytic / len(devices),
+      # The method's work with the main network on target_rate * L chunks (MFU counts these).
+      'model_flops_per_step_at_target_rate': flops.step_flops(config, config.boundary.target_rate)
+      if config.model.kind == 'hierarchical'
+      else analytic,
   }
-  for name in ('remat', 'accumulation_steps', 'scan_layers', 'attention'):
-    if name in config.model:
-      report[f'model.{name}'] = config.model[name]
-  for name in ('accumulation_steps', 'grad_accum_steps', 'microbatches'):
-    if name in config.train:
-      report[f'train.{name}'] = config.train[name]
+  # The memory options (config_defaults: model.remat/scan_layers/attention, optim.grad_accum_steps).
+  m = config.model
+  if 'remat' in m:
+    report['remat'] = {k: str(v) for k, v in dict(m.remat).items()}
+  for name in ('scan_layers', 'attention'):
+    if name in m:
+      report[name] = m[name]
+  if 'grad_accum_steps' in config.optim:
+    report['grad_accum_steps'] = int(config.optim.grad_accum_steps)
   t0 = time.perf_counter()
   try:
-    with sharding.use(mesh, config.mesh):
-      compiled = trainer._train_step.lower(state, batch, key).compile()  # pylint: disable=protected-access
+    compiled = compile_train_step(trainer)
   except Exception as e:  # pylint: disable=broad-except
     text = str(e)
     if 'RESOURCE_EXHAUSTED' not in text and 'Ran out of memory' not in text:
@@ -231,15 +261,9 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
     return report
   report['compile_s'] = time.perf_counter() - t0
   mem = compiled.memory_analysis()
-  report['xla_flops_per_device'] = _flops(compiled)
+  report['xla_flops_per_device'] = xla_flops(compiled)
   if mem is not None:
-    total = (
-        mem.argument_size_in_bytes
-        + mem.output_size_in_bytes
-        - mem.alias_size_in_bytes
-        + mem.temp_size_in_bytes
-        + mem.generated_code_size_in_bytes
-    )
+    total = total_bytes(mem)
     report.update(
         argument_bytes=mem.argument_size_in_bytes,
         output_bytes=mem.output_size_in_bytes,
@@ -262,7 +286,7 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
       report['eval'][mode] = {
           'compile_s': time.perf_counter() - t0,
           'temp_bytes': m.temp_size_in_bytes if m is not None else None,
-          'xla_flops_per_device': _flops(c),
+          'xla_flops_per_device': xla_flops(c),
       }
   return report
 
@@ -345,6 +369,40 @@ def format_report(r: dict) -> str:
   return '\n'.join(lines)
 
 
+def markdown_table(reports: list[dict]) -> str:
+  """One row per report: config, topology, batch, memory per device, fit, FLOPs, compile time."""
+  rows = [
+      '| config | topology (devices) | mesh d/f/t | batch (per shard) | memory options | params+opt '
+      'GiB/dev | temporaries GiB/dev | total GiB/dev | HBM GiB/dev | fits | XLA TFLOP/dev/step | '
+      'analytic TFLOP/dev/step | compile s |',
+      '|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+  ]
+  for r in reports:
+    remat = {k: v for k, v in r.get('remat', {}).items() if v != 'none'}
+    options = ', '.join(
+        [f'remat {k}={v}' for k, v in remat.items()]
+        + ([f'accumulate {r["grad_accum_steps"]}'] if r.get('grad_accum_steps', 1) > 1 else [])
+        + (['scan'] if r.get('scan_layers') else [])
+    )
+    g = lambda k, r=r: f'{r[k] / GIB:.2f}' if r.get(k) is not None else 'n/a'
+    fits = 'yes' if r['fits'] else 'NO'
+    if not r['fits'] and 'over_bytes' in r:
+      fits += f' ({r["over_bytes"] / GIB:.2f} GiB over the compiler\'s limit)'
+    elif 'headroom_bytes' in r:
+      fits += f' ({abs(r["headroom_bytes"]) / GIB:.1f} GiB {"spare" if r["fits"] else "over"})'
+    xla = r.get('xla_flops_per_device')
+    mesh = '/'.join(str(r['mesh'][a]) for a in ('data', 'fsdp', 'tensor'))
+    rows.append(
+        f'| {r.get("config", r["model"])} | {r.get("topology", "")} ({r["topology_devices"]}) | '
+        f'{mesh} | {r["global_batch"]} ({r["per_device_batch"]}) | {options or "none"} | '
+        f'{(r["param_bytes"] + r["opt_state_bytes"]) / GIB:.2f} | {g("temp_bytes")} | '
+        f'{g("total_bytes")} | {g("hbm_bytes")} | {fits} | '
+        f'{f"{xla / 1e12:.1f}" if xla else "n/a"} | {r["analytic_flops_per_device"] / 1e12:.1f} | '
+        f'{r["compile_s"]:.0f} |'
+    )
+  return '\n'.join(rows)
+
+
 def _reexec_for_cpu(n: int) -> None:
   """Restarts this command with n simulated CPU devices unless it already has them."""
   if os.environ.get(_REEXEC_MARK) == str(n):
@@ -364,6 +422,14 @@ def _reexec_for_cpu(n: int) -> None:
 
 def main(argv):
   del argv
+  if _TABLE.value:
+    files = sorted(f for f in os.listdir(_TABLE.value) if f.endswith('.json'))
+    reports = []
+    for f in files:
+      with open(os.path.join(_TABLE.value, f)) as fh:
+        reports.append(dict(json.load(fh), config=f[: -len('.json')]))
+    print(markdown_table(reports))
+    return
   platform, count = parse_topology(_TOPOLOGY.value)
   if platform == 'cpu':
     _reexec_for_cpu(count)
@@ -375,6 +441,7 @@ def main(argv):
     config = with_per_device_batch(config, _PER_DEVICE_BATCH.value, len(devices))
   report = check(config, devices, hbm, _EVAL.value)
   report['topology'] = _TOPOLOGY.value
+  report['config'] = os.path.basename(config_flags.get_config_filename(flags.FLAGS['config']))
   print(format_report(report), flush=True)
   if _FIND_BATCH.value:
     best, tried = find_batch(config, devices, hbm, report['per_device_batch'])

@@ -9,10 +9,13 @@ step, time per checkpoint save) calibrates the kills. Then the same config train
 each of --kills launches gets a real SIGKILL at a moment of one of four kinds (each kind as often as
 the others, order and moments drawn with --seed):
 
-  compile       after the run prints its header line, within the reference compile time
-  mid_step      a random fraction of a step time after a random step's progress line
-  during_save   while orbax writes a random checkpoint step (in the first half of a typical save)
-  after_save    a random fraction of a step time after a checkpoint step is complete
+  compile       after the run prints its header line, within the time the latest launch took
+                from that line to its first step (the uninterrupted run's, at first), and at the
+                latest at its first progress line
+  mid_step      a random fraction of a step time after the progress line of a random step up to
+                the next checkpoint
+  during_save   while orbax writes the next checkpoint (in the first half of a typical save)
+  after_save    a random fraction of a step time after the next checkpoint is complete
 
 and is resumed with `--resume` (a launch killed before any checkpoint existed starts again from
 scratch in an emptied folder, as a user would). The last launch runs to the end. The check: every
@@ -115,6 +118,15 @@ def _listdir(path: str) -> list[str]:
     return []
 
 
+def _stamp(folder: str, name: str) -> tuple[int, int] | None:
+  """(inode, mtime) of folder/name: a folder deleted and made again, or written, gets a new one."""
+  try:
+    st = os.stat(os.path.join(folder, name))
+  except FileNotFoundError:
+    return None
+  return st.st_ino, st.st_mtime_ns
+
+
 def latest_step(workdir: str) -> int | None:
   """Latest complete checkpoint step of a run folder (orbax renames a step folder when complete)."""
   steps = [int(n) for n in _listdir(os.path.join(workdir, 'checkpoints')) if n.isdigit()]
@@ -137,7 +149,9 @@ def launch(command, workdir, log_path, trigger=None, timeout=3600.0) -> Launch:
   """
   ckpt = os.path.join(workdir, 'checkpoints')
   rec = Launch(command=list(command), resumed_from=latest_step(workdir))
-  present = set(_listdir(ckpt))
+  present = {n for n in _listdir(ckpt) if n.isdigit()}
+  # Temporary folders of saves that an earlier kill cut, until deleted or written again.
+  stale = {n: _stamp(ckpt, n) for n in _listdir(ckpt) if _TMP_STEP.match(n)}
   env = dict(os.environ, PYTHONUNBUFFERED='1')
   start = time.monotonic()
   with open(log_path, 'w') as log:
@@ -165,11 +179,19 @@ def launch(command, workdir, log_path, trigger=None, timeout=3600.0) -> Launch:
     reader.start()
     while proc.poll() is None:
       now = time.monotonic() - start
-      for name in _listdir(ckpt):
+      names = _listdir(ckpt)
+      for name in names:
+        if name in stale and _stamp(ckpt, name) != stale[name]:
+          del stale[name]  # Orbax reuses a step's temporary folder name: this is a new save.
+        if name in present or name in stale:
+          continue
         if m := _TMP_STEP.match(name):
           rec.save_start.setdefault(int(m.group(1)), now)
-        elif name.isdigit() and name not in present:
+        elif name.isdigit():
           rec.save_done.setdefault(int(name), now)
+      for name in [n for n in stale if n not in names]:
+        del stale[name]  # Deleted: the next folder of that name is a new save.
+      present &= set(names)  # A discarded step saved again is a new save.
       note = trigger(rec, now) if trigger else None
       if note is None and now > timeout:
         note = f'hung: still running after {timeout:.0f}s'
@@ -179,7 +201,7 @@ def launch(command, workdir, log_path, trigger=None, timeout=3600.0) -> Launch:
         rec.last_step_at_kill = max(rec.steps, default=None)
         rec.checkpoint_at_kill = latest_step(workdir)
         rec.saving_at_kill = sorted(
-            int(m.group(1)) for n in _listdir(ckpt) if (m := _TMP_STEP.match(n))
+            int(m.group(1)) for n in _listdir(ckpt) if n not in stale and (m := _TMP_STEP.match(n))
         )
         proc.wait()
         break
@@ -213,19 +235,29 @@ def checkpoint_steps(config) -> list[int]:
 
 
 def make_trigger(kind, rng: random.Random, cal: Calibration, config, resumed: int):
-  """A kill trigger for `launch` of the given kind, its target and delay drawn from rng."""
+  """(kind, kill trigger for `launch`): the trigger's target and delay drawn from rng.
+
+  Targets lie before or at the next checkpoint after `resumed`, so that each kill moves the run on
+  by at most one checkpoint and many kills fit in one run. An after-save kill with no checkpoint
+  left before the last one kills during the last save instead (killing after it ends the run).
+  """
   total, u = config.train.steps, rng.random()
-  saves = [s for s in checkpoint_steps(config) if s > resumed]
+  following = next(s for s in checkpoint_steps(config) if s > resumed)
+  if kind == 'after_save' and following == total:
+    kind = 'during_save'
   if kind == 'compile':
     delay = u * cal.compile_s
 
     def trigger(rec, now):
       if rec.header is not None and now >= rec.header + delay:
-        return f'{delay:.2f}s after the header line ({u:.0%} of the reference compile time)'
+        return f'{delay:.2f}s after the header line ({u:.0%} of the expected compile time)'
+      if rec.steps:  # Compiled sooner than expected (a warm compilation cache): still no progress.
+        return f'at the first progress line (step {min(rec.steps)}), before the drawn {delay:.2f}s'
 
   elif kind == 'mid_step':
-    logged = [s for s in range(resumed + 1, total) if s % config.train.log_every == 0]
-    target, delay = rng.choice(logged or [total]), u * cal.step_s
+    last = min(following, total - 1)
+    logged = [s for s in range(resumed + 1, last + 1) if s % config.train.log_every == 0]
+    target, delay = rng.choice(logged or [following]), u * cal.step_s
 
     def trigger(rec, now):
       if target in rec.steps and now >= rec.steps[target] + delay:
@@ -233,7 +265,7 @@ def make_trigger(kind, rng: random.Random, cal: Calibration, config, resumed: in
 
   elif kind == 'during_save':
     # Within the first half of a typical save, so that most of these kills find the save running.
-    target, delay = rng.choice(saves), u * cal.save_s / 2
+    target, delay = following, u * cal.save_s / 2
 
     def trigger(rec, now):
       if target in rec.save_done:  # Saved faster than this process could look.
@@ -242,8 +274,7 @@ def make_trigger(kind, rng: random.Random, cal: Calibration, config, resumed: in
         return f'while saving step {target}, {delay:.3f}s after its temporary folder appeared'
 
   elif kind == 'after_save':
-    target = rng.choice([s for s in saves if s < total] or saves)
-    delay = u * cal.step_s
+    target, delay = following, u * cal.step_s
 
     def trigger(rec, now):
       if target in rec.save_done and now >= rec.save_done[target] + delay:
@@ -251,7 +282,7 @@ def make_trigger(kind, rng: random.Random, cal: Calibration, config, resumed: in
 
   else:
     raise ValueError(f'unknown kill kind {kind!r}; use one of {KINDS}')
-  return trigger
+  return kind, trigger
 
 
 def kill_schedule(kills: int, rng: random.Random) -> list[str]:
@@ -402,10 +433,12 @@ def run(config, config_path, overrides, kills, seed, workdir, reference_args=(),
       print(f'kill {i}/{kills}: the run is complete already; no more kills', flush=True)
       break
     command = _continue(train, chaos_dir)
-    trigger = make_trigger(kind, rng, cal, config, resumed or 0)
+    kind, trigger = make_trigger(kind, rng, cal, config, resumed or 0)
     rec = launch(command, chaos_dir, os.path.join(workdir, f'chaos_{i}.log'), trigger, timeout)
     rec.kind = kind
     launches.append(rec)
+    if rec.header is not None and rec.steps:  # Start-up of a resume (a warm compilation cache).
+      cal.compile_s = rec.steps[min(rec.steps)] - rec.header
     print(_describe(i, kills, rec), flush=True)
     if rec.killed_at is None and rec.returncode != 0:
       verdict = f'launch {i} failed (status {rec.returncode}): {rec.last_line}'

@@ -2,8 +2,8 @@
 
   python -m tokjax.tools.chaos --config tokjax/tools/chaos_config.py
 
-Small enough that compiling, stepping and saving each take about a second on 2 CPU cores, and
-saving often enough that random kills land during and just after saves as well as between them.
+Small, so that a run with many kills stays short, and saving often enough that random kills land
+during and just after saves as well as between them (it logs every step for the same reason).
 """
 
 from tokjax.config_defaults import base_config
