@@ -22,6 +22,7 @@ def tiny_config(workdir: str):
 
   c = config_defaults.base_config()
   c.model.d_model, c.model.capacity = 32, 32
+  c.data.corpus = 'stdlib'  # The tests were written against the code corpus.
   c.data.seq_len, c.data.batch_size, c.data.max_bytes = 64, 4, 200_000
   c.data.val_fraction = c.data.test_fraction = 0.1  # Several documents per split.
   c.eval.batch_size, c.eval.max_batches = 4, 3
@@ -45,6 +46,7 @@ def tiny_flags(workdir: str, **overrides) -> list[str]:
   is `config_defaults.base_config()`, so the same overrides give the same config. overrides:
   {'train__steps': 12} sets --config.train.steps=12."""
   values = {
+      'data.corpus': 'stdlib',
       'model.d_model': 32,
       'model.capacity': 32,
       'data.seq_len': 64,

@@ -189,3 +189,22 @@ def test_existing_run_needs_resume_or_a_new_workdir(tmp_path):
   with pytest.raises(UserError, match='--resume'):
     train.train(tiny_config(workdir))
   shutil.rmtree(workdir)
+
+
+def test_progress_rows_carry_model_flops_and_profile_steps_are_traced(tmp_path):
+  """Model TFLOP/s is the analytic step cost at the logged step's realised rate, per second; MFU is
+  reported against the device peak; config.train.profile_steps writes a jax.profiler trace."""
+  from tokjax import flops  # pylint: disable=g-import-not-at-top
+
+  c = tiny_config(str(tmp_path / 'run'))
+  c.train.steps, c.train.log_every, c.train.eval_every, c.train.checkpoint_every = 3, 3, 3, 3
+  c.train.profile_steps = (2, 3)
+  train.train(c)
+  row = next(
+      r for r in read_metrics(str(tmp_path / 'run' / 'metrics.jsonl')) if r['split'] == 'train'
+  )
+  per_byte = flops.step_flops(c, row['rate']) / (c.data.batch_size * c.data.seq_len)
+  assert row['model_tflops'] * 1e12 == pytest.approx(per_byte * row['bytes_per_s'], rel=1e-6)
+  assert 0 < row['mfu'] < 1
+  traces = list((tmp_path / 'run' / 'profile').rglob('*.xplane.pb'))
+  assert traces, 'no profiler trace written for profile_steps=(2, 3)'

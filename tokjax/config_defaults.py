@@ -24,7 +24,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0
 
   c.data = dict(
-      corpus='stdlib',  # 'stdlib' | 'shakespeare' | 'bible' | 'hf:fineweb' | 'hf:codeparrot' | a path.
+      # 'stdlib_docs' (English: the standard library's docstrings and help() topics) | 'stdlib' (its
+      # source code) | 'shakespeare' | 'bible' | 'hf:fineweb' | 'hf:codeparrot' | 'prepared:DIR' | a path.
+      corpus='stdlib_docs',
       data_dir='',  # Cache of prepared corpora ('' = $TOKJAX_DATA_DIR or ~/.cache/tokjax).
       max_bytes=0,  # Read at most this many bytes of documents (0 = all).
       val_fraction=0.05,

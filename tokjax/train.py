@@ -25,15 +25,17 @@ import jax
 from ml_collections import config_flags
 
 from tokjax import (
-    checkpointing,
-    cli,
-    config_defaults,
-    distributed,
-    evaluation,
-    paths,
-    segmentation,
-    sharding,
-    train_state,
+  checkpointing,
+  cli,
+  config_defaults,
+  distributed,
+  evaluation,
+  flops,
+  paths,
+  profiling,
+  segmentation,
+  sharding,
+  train_state,
 )
 from tokjax.data import pipeline
 from tokjax.errors import Interrupted, UserError
@@ -122,6 +124,8 @@ class Reporter:
         enabled=jax.process_index() == 0,
         restored_step=start_step if restored else None,
     )
+    # Peak FLOP/s of one device: the table's for accelerators, a measured matmul peak on a CPU.
+    self.peak = flops.peak_flops(cpu_peak=flops.measure_matmul_peak() if _on_cpu() else None)
     self.t0 = self.last_t = time.time()
     self.last_step = start_step
 
@@ -140,18 +144,26 @@ class Reporter:
     print(f'compiled; step {step} done after {time.time() - self.t0:.1f} s', flush=True)
     self.last_t, self.last_step = time.time(), step
 
-  def throughput(self, steps: int, seconds: float) -> dict:
-    """Per-step throughput of `steps` steps in `seconds`: the numbers logged and printed.
-
-    The hook for more throughput figures (model TFLOP/s, MFU): add them to the returned dict.
-    """
+  def throughput(self, steps: int, seconds: float, rate=None) -> dict:
+    """Per-step throughput of `steps` steps in `seconds`: bytes/s, model TFLOP/s (the main network
+    costed at the realised boundary `rate` of the logged step, see tokjax/flops.py) and MFU against
+    the devices' peak (when known)."""
     c = self.config.data
-    return {'bytes_per_s': steps * c.batch_size * c.seq_len / max(seconds, 1e-9)}
+    seconds = max(seconds, 1e-9)
+    model_flops = flops.step_flops(self.config, rate) * steps / seconds
+    out = {
+        'bytes_per_s': steps * c.batch_size * c.seq_len / seconds,
+        'model_tflops': model_flops / 1e12,
+    }
+    if self.peak:
+      out['mfu'] = flops.mfu(model_flops, 1.0, self.peak, jax.device_count())
+    return out
 
   def train_step(self, done: int, metrics) -> None:
     metrics = jax.device_get(metrics)
     now = time.time()
-    speed = self.throughput(done - self.last_step, now - self.last_t)
+    rate = float(metrics['rate']) if self.hierarchical else None
+    speed = self.throughput(done - self.last_step, now - self.last_t, rate)
     eta = (self.total - done) * (now - self.t0) / max(done - self.start_step, 1)
     self.writer.write(done, 'train', dict(metrics, **speed))
     extra = (
@@ -160,7 +172,9 @@ class Reporter:
         else ''
     )
     print(
-        f'step {done:>6}/{self.total} | {speed["bytes_per_s"] / 1e3:6.1f}k B/s | loss '
+        f'step {done:>6}/{self.total} | {speed["bytes_per_s"] / 1e3:6.1f}k B/s'
+        + (f' {speed["mfu"]:.1%} MFU' if 'mfu' in speed else '')
+        + ' | loss '
         f'{metrics["loss"]:.4f} | bpb {metrics["bpb"]:.4f}{extra} | left {format_eta(eta)}',
         flush=True,
     )
@@ -251,6 +265,10 @@ class StopSignals:
     return self.signum is not None
 
 
+def _on_cpu() -> bool:
+  return jax.devices()[0].platform == 'cpu'
+
+
 def resume_command() -> str:
   """The command line that resumes this run (the current one, with --resume and without --step)."""
   args = [a for a in sys.argv[1:] if a not in ('--resume', '--overwrite', '--noresume')]
@@ -304,11 +322,14 @@ def train(config, resume: bool = False, step: int | None = None, overwrite: bool
   report.header(mesh)
   evaluator, val, bad_at_start = evaluation.Evaluator(trainer), {}, int(state.nonfinite)
   every = lambda done, n: done % n == 0 or done == total
+  profiler = profiling.StepProfiler.from_config(config)  # Off unless config.train.profile_steps.
   with StopSignals(mgr) as signals:
     for done in range(start + 1, total + 1):
+      profiler.before_step(done)
       state, metrics = trainer.train_step(
           state, sharding.global_batch(next(data.train_iter), mesh), train_key
       )
+      profiler.after_step(done, metrics)
       if done == start + 1:
         jax.block_until_ready(metrics)
         report.compiled(done)
@@ -332,6 +353,7 @@ def train(config, resume: bool = False, step: int | None = None, overwrite: bool
             f'in {mgr.directory}; resume with: {resume_command()}',
             signals.signum,
         )
+  profiler.close()
   report.finish(val, state.params, eval_key, str(mgr.directory))
   return val
 
