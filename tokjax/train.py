@@ -25,17 +25,17 @@ import jax
 from ml_collections import config_flags
 
 from tokjax import (
-  checkpointing,
-  cli,
-  config_defaults,
-  distributed,
-  evaluation,
-  flops,
-  paths,
-  profiling,
-  segmentation,
-  sharding,
-  train_state,
+    checkpointing,
+    cli,
+    config_defaults,
+    distributed,
+    evaluation,
+    flops,
+    paths,
+    profiling,
+    segmentation,
+    sharding,
+    train_state,
 )
 from tokjax.data import pipeline
 from tokjax.errors import Interrupted, UserError
