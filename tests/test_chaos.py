@@ -69,7 +69,9 @@ def test_metrics_differences_are_found(tiny_run):
   assert chaos.first_metrics_difference(changed, rows).startswith(f'metrics.jsonl row {i + 1} ')
   assert 'loss' in chaos.first_metrics_difference(changed, rows)
   assert 'missing' in chaos.first_metrics_difference(rows[:-1], rows)
-  timing = [dict(r, bytes_per_s=1.0) if 'bytes_per_s' in r else r for r in rows]
+  timing = [
+      dict(r, bytes_per_s=1.0, mfu=0.5, model_tflops=2.0) if 'bytes_per_s' in r else r for r in rows
+  ]
   assert chaos.first_metrics_difference(timing, rows) is None  # Wall-clock fields may differ.
 
 

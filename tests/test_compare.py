@@ -6,6 +6,7 @@ import math
 import os
 
 import pytest
+import toy_boundary  # noqa: F401  (importing it registers the toy method 'punctuation')
 
 from tokjax import evaluation
 from tokjax.experiments import compare

@@ -14,7 +14,7 @@ from conftest import tiny_config, tiny_flags
 import pytest
 
 from tokjax import train
-from tokjax.metric_writers import curve_rows, read_metrics
+from tokjax.metric_writers import curve_rows, is_wall_clock, read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTINGS = dict(train__steps=40, train__log_every=1, train__eval_every=4, train__checkpoint_every=8)
@@ -67,7 +67,7 @@ def config_of(workdir):
 
 
 def comparable(rows):
-  return [{k: v for k, v in r.items() if k != 'bytes_per_s'} for r in rows]
+  return [{k: v for k, v in r.items() if not is_wall_clock(k)} for r in rows]
 
 
 def tensorboard_steps(workdir, tag):

@@ -10,6 +10,14 @@ from tensorboardX import SummaryWriter
 
 from tokjax import paths
 
+# Fields measured from the wall clock (Reporter.throughput): they differ between two runs of the same
+# config, so comparisons of runs (resume, chaos) leave them out.
+WALL_CLOCK_FIELDS = ('bytes_per_s', 'model_tflops', 'mfu')
+
+
+def is_wall_clock(key: str) -> bool:
+  return key in WALL_CLOCK_FIELDS or key.endswith(('_per_s', '_seconds')) or key in ('time', 'wall')
+
 
 class MetricWriter:
   """Appends {'step', 'split', **scalars} rows to workdir/metrics.jsonl and to TensorBoard.

@@ -49,7 +49,7 @@ from ml_collections import config_flags
 import numpy as np
 import orbax.checkpoint as ocp
 
-from tokjax import cli
+from tokjax import cli, metric_writers
 from tokjax.errors import UserError
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'chaos_config.py')
@@ -294,10 +294,6 @@ def kill_schedule(kills: int, rng: random.Random) -> list[str]:
   return kinds
 
 
-def _is_wall_clock(key: str) -> bool:
-  return key.endswith(('_per_s', '_seconds')) or key in ('time', 'wall')
-
-
 def read_rows(path: str) -> tuple[list[dict], str | None]:
   """The rows of a metrics.jsonl and a description of its first unreadable line (or None)."""
   if not os.path.exists(path):
@@ -336,7 +332,7 @@ def first_metrics_difference(rows: list[dict], reference: list[dict]) -> str | N
           f'{ref_key[0]} {ref_key[1]!r} there'
       )
     for name in sorted((set(row) | set(ref)) - {'step', 'split'}):
-      if not _is_wall_clock(name) and not _same(row.get(name), ref.get(name)):
+      if not metric_writers.is_wall_clock(name) and not _same(row.get(name), ref.get(name)):
         return (
             f'metrics.jsonl row {i} (step {key[0]} {key[1]!r}): {name} = {row.get(name)!r}, '
             f'the uninterrupted run has {ref.get(name)!r}'
