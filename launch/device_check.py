@@ -20,22 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from tokjax import compile_check, config_defaults, flops, sharding, train, train_state
+from tokjax.benchmarks.throughput import median_seconds
 from tokjax.models import boundaries
 
 # Per-device batch to try first at L = 4096, from the AOT compiles for TPU v5p (results/scale/):
 # the 40M step needs about 1.2 GiB of temporaries per sequence, the 147M step about 2.4 GiB.
 GIB_PER_SEQUENCE = {'40m': 1.25, '147m': 2.45}
-
-
-def _median_seconds(fn, steps: int) -> float:
-  for _ in range(2):
-    jax.block_until_ready(fn())
-  times = []
-  for _ in range(steps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
 
 
 def _device_memory(device):
@@ -97,7 +87,7 @@ def paper_step(size: str, device, hbm, dry_run: bool, timed_steps: int) -> dict:
     holder['rate'].append(metrics['rate'])
     return metrics['loss']
 
-  seconds = _median_seconds(step, timed_steps)
+  seconds = median_seconds(step, timed_steps)
   rate = float(np.mean([float(r) for r in holder['rate']]))
   model_flops = flops.step_flops(c, rate)
   peak = flops.peak_flops(device, cpu_peak=flops.measure_matmul_peak() if dry_run else None)
@@ -129,7 +119,7 @@ def sampler_seconds(batch: int, seq_len: int, timed_steps: int) -> float:
   draw = jax.jit(
       lambda v, u: boundaries.sample_sequential(v, jnp.float32(-1.4), u, 1 / 16, capacity)
   )
-  return _median_seconds(lambda: draw(v, u), timed_steps)
+  return median_seconds(lambda: draw(v, u), timed_steps)
 
 
 def train_run(dry_run: bool, workdir: str) -> dict:

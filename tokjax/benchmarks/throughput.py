@@ -39,7 +39,8 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   )
 
 
-def _median_seconds(fn, steps: int) -> float:
+def median_seconds(fn, steps: int) -> float:
+  """Median wall time of fn() (its outputs awaited) over `steps` calls, after two warm-up calls."""
   for _ in range(2):
     jax.block_until_ready(fn())
   times = []
@@ -82,7 +83,7 @@ def _time_train_step(config, steps):
     holder['state'], metrics = trainer.train_step(holder['state'], batch, jax.random.PRNGKey(1))
     return metrics['loss']
 
-  seconds = _median_seconds(step, steps)
+  seconds = median_seconds(step, steps)
   return seconds, trainer, holder['state'], batch
 
 
@@ -94,8 +95,8 @@ def _sampling_seconds(trainer, params, batch, steps):
           {'params': p}, t, k, method=lambda m, x, kk: m.boundary(m.encode(x)[0], kk).actions
       )
   )
-  t_enc = _median_seconds(lambda: encode(params, tokens), steps)
-  t_draw = _median_seconds(lambda: draw(params, tokens, key), steps)
+  t_enc = median_seconds(lambda: encode(params, tokens), steps)
+  t_draw = median_seconds(lambda: draw(params, tokens, key), steps)
   return max(t_draw - t_enc, 0.0)
 
 

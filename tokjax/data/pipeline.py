@@ -413,37 +413,23 @@ def build_data(config) -> Data:
   max_batches = eval_cfg.max_batches or None
   if shards.is_prepared_spec(data_cfg.corpus):
     manifest, readers = shards.open_splits(data_cfg.corpus)
-    return PreparedData(
-        splits={name: shards.PreparedDocuments(r) for name, r in readers.items()},
-        train_iter=make_prepared_train_iterator(
-            readers["train"],
-            seq_len=data_cfg.seq_len,
-            batch_size=data_cfg.batch_size,
-            seed=config.seed,
-        ),
-        val_batches=make_prepared_eval_batches(
-            readers["val"],
-            seq_len=data_cfg.seq_len,
-            batch_size=eval_cfg.batch_size,
-            max_batches=max_batches,
-        ),
-        seq_len=data_cfg.seq_len,
-        eval_batch_size=eval_cfg.batch_size,
-        eval_max_batches=max_batches,
-        readers=readers,
-        manifest=manifest,
-    )
-  splits = load_splits(data_cfg)
-  return Data(
+    splits = {name: shards.PreparedDocuments(r) for name, r in readers.items()}
+    sources, cls, extra = readers, PreparedData, dict(readers=readers, manifest=manifest)
+    make_train, make_eval = make_prepared_train_iterator, make_prepared_eval_batches
+  else:
+    splits = load_splits(data_cfg)
+    sources, cls, extra = splits, Data, {}
+    make_train, make_eval = make_train_iterator, make_eval_batches
+  return cls(
       splits=splits,
-      train_iter=make_train_iterator(
-          splits["train"],
+      train_iter=make_train(
+          sources["train"],
           seq_len=data_cfg.seq_len,
           batch_size=data_cfg.batch_size,
           seed=config.seed,
       ),
-      val_batches=make_eval_batches(
-          splits["val"],
+      val_batches=make_eval(
+          sources["val"],
           seq_len=data_cfg.seq_len,
           batch_size=eval_cfg.batch_size,
           max_batches=max_batches,
@@ -451,4 +437,5 @@ def build_data(config) -> Data:
       seq_len=data_cfg.seq_len,
       eval_batch_size=eval_cfg.batch_size,
       eval_max_batches=max_batches,
+      **extra,
   )
