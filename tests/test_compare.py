@@ -1,15 +1,26 @@
 """The comparison command end to end on a tiny budget: one table row per method, sane numbers, and the
 flat model's depth matched to the hierarchical parameter count."""
 
+import importlib
 import json
 import math
 import os
 
 import pytest
-import toy_boundary  # noqa: F401  (importing it registers the toy method 'punctuation')
+import toy_boundary
 
-from tokjax import evaluation
+from tokjax import config_defaults, evaluation
 from tokjax.experiments import compare
+from tokjax.models import registry
+
+
+@pytest.fixture
+def toy_method():
+  """tests/toy_boundary.py's 'punctuation' registered for one test only, so that configs built by
+  other tests in this process (the session's tiny run among them) do not carry its section."""
+  importlib.reload(toy_boundary)  # Importing registers it; a reload registers it again.
+  yield 'punctuation'
+  registry.unregister('punctuation')
 
 
 def test_ratio_and_se_matches_the_pooled_ratio():
@@ -34,11 +45,11 @@ def _corpus(tmp_path):
   return corpus
 
 
-def test_a_method_added_in_one_file_trains_through_the_compare_command(tmp_path):
+def test_a_method_added_in_one_file_trains_through_the_compare_command(tmp_path, toy_method):
   """tests/toy_boundary.py registers 'punctuation' (one file); compare finds it by name, gives it its
   config section, trains it one step without a policy gradient and evaluates it."""
 
-  assert 'punctuation' in compare.method_names()
+  assert toy_method in compare.method_names()
   corpus = _corpus(tmp_path)
   results = compare.compare(
       str(corpus),
@@ -64,6 +75,28 @@ def test_a_method_added_in_one_file_trains_through_the_compare_command(tmp_path)
   chunks = r['passage']['rendered'].split('|')[:-1]
   assert all(c[-1] in '.,;\n' for c in chunks[:-1]), chunks
   assert r['test']['rate'] < 0.1  # Punctuation is rare in this corpus: one comma per 78 bytes.
+
+
+def test_a_config_built_while_a_user_method_was_registered_reads_without_it(toy_method):
+  """Configs built while the toy is imported carry config.boundary.punctuation; a checkpoint of such
+  a config must still restore in a process that never imported it (evaluate, segment, resume)."""
+  saved = config_defaults.base_config().to_dict()
+  assert toy_method in saved['boundary']
+  registry.unregister(toy_method)
+  with pytest.raises(config_defaults.UserError, match='boundary.punctuation is not a field'):
+    config_defaults.validate(config_defaults.ml_collections.ConfigDict(saved))
+  read = config_defaults.drop_foreign_sections(saved)
+  config_defaults.validate(config_defaults.ml_collections.ConfigDict(read))
+  assert (
+      toy_method not in read['boundary']
+      and read['boundary']['policy'] == saved['boundary']['policy']
+  )
+  # A config that trains the unregistered method keeps its section and says what is missing.
+  saved['boundary']['method'] = toy_method
+  kept = config_defaults.drop_foreign_sections(saved)
+  assert kept['boundary'][toy_method] == {'bytes': '.,;\n'}
+  with pytest.raises(config_defaults.UserError, match='registered when that file is imported'):
+    config_defaults.validate(config_defaults.ml_collections.ConfigDict(kept))
 
 
 def test_compare_runs_every_method_end_to_end(tmp_path, monkeypatch):

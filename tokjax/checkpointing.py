@@ -87,7 +87,7 @@ def read_config(mgr, step: int) -> ml_collections.ConfigDict:
   cfg = _load_item(mgr, step, 'config', ocp.args.JsonRestore())
   if not isinstance(cfg, dict) or 'model' not in cfg:
     raise BadStep('its "config" item holds no tokjax config')
-  return ml_collections.ConfigDict(cfg)
+  return ml_collections.ConfigDict(config_defaults.drop_foreign_sections(cfg))
 
 
 def _candidates(mgr, step: int | None) -> list[int]:

@@ -190,6 +190,26 @@ def upgrade(saved) -> ml_collections.ConfigDict:
   return c
 
 
+def drop_foreign_sections(saved: dict) -> dict:
+  """saved (a config as a dict) without the settings of boundary methods this process has not
+  registered and the config does not use.
+
+  A method added in the user's own file (README, "Extending tokjax") puts its section
+  config.boundary.NAME into every config built while it is imported, whichever method trains; a
+  command that restores such a checkpoint without that import must still read it.
+  """
+  boundary = saved.get('boundary')
+  if not isinstance(boundary, dict):
+    return saved
+  known = base_config().boundary
+  kept = {
+      k: v
+      for k, v in boundary.items()
+      if k in known or not isinstance(v, dict) or k == boundary.get('method')
+  }
+  return {**saved, 'boundary': kept}
+
+
 def _get(config, dotted):
   for part in dotted.split('.'):
     config = config[part]
@@ -221,6 +241,8 @@ def _check_sections(config) -> None:
       if key in base[section]:
         continue
       dotted = f'{section}.{key}'
+      if section == 'boundary' and key == config.boundary.get('method'):
+        registry.get(key)  # The section of the chosen method: say that the method is unknown.
       if dotted in RENAMED:
         raise UserError(f'config.{dotted} no longer exists; use {RENAMED[dotted]}.')
       raise UserError(

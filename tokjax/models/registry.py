@@ -78,5 +78,11 @@ def get(name: str) -> BoundaryMethod:
     raise UserError(
         f'config.boundary.method={name!r} is not a registered boundary method; use one of '
         f'{tuple(methods())}.'
+        ' A method defined in your own file is registered when that file is imported.'
     )
   return found
+
+
+def unregister(name: str) -> None:
+  """Removes a method added with `register` (for notebooks and tests that add one for a while)."""
+  _METHODS.pop(name, None)
