@@ -162,12 +162,16 @@ class Reporter:
   def train_step(self, done: int, metrics) -> None:
     metrics = jax.device_get(metrics)
     now = time.time()
-    rate = float(metrics['rate']) if self.hierarchical else None
+    rate = None
+    if self.hierarchical:  # Stage 0's chunks per byte, then each inner stage's rate.
+      stages = range(1, self.config.model.get('stages', 1))
+      rate = (float(metrics['rate']),) + tuple(float(metrics[f'stage{s}_rate']) for s in stages)
     speed = self.throughput(done - self.last_step, now - self.last_t, rate)
     eta = (self.total - done) * (now - self.t0) / max(done - self.start_step, 1)
     self.writer.write(done, 'train', dict(metrics, **speed))
     extra = (
         f' | rate {metrics["rate"]:.3f} ws {metrics["whitespace_recall"]:.2f}'
+        + ''.join(f' | stage {s} rate {r:.3f}' for s, r in enumerate(rate[1:], start=1))
         if self.hierarchical
         else ''
     )
