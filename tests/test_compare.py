@@ -5,9 +5,9 @@ import importlib
 import json
 import math
 import os
+import sys
 
 import pytest
-import toy_boundary
 
 from tokjax import config_defaults, evaluation
 from tokjax.experiments import compare
@@ -18,7 +18,9 @@ from tokjax.models import registry
 def toy_method():
   """tests/toy_boundary.py's 'punctuation' registered for one test only, so that configs built by
   other tests in this process (the session's tiny run among them) do not carry its section."""
-  importlib.reload(toy_boundary)  # Importing registers it; a reload registers it again.
+  # Imported here, not at the top: test_rivals.py parametrizes over the registry at collection time.
+  sys.modules.pop('toy_boundary', None)
+  importlib.import_module('toy_boundary')  # Importing the file registers its method.
   yield 'punctuation'
   registry.unregister('punctuation')
 
