@@ -152,9 +152,9 @@ def evaluate_method(method, config, result, data_splits, key, eval_cap, passage)
     shown, actions, probs = segmentation.boundaries_for(
         ckpt.model, ckpt.params, passage, config.data.seq_len, key, 'greedy'
     )
-    result['passage'] = {
-        'actions': [float(a) for a in actions],
-        'probs': [float(p) for p in probs],
+    result['passage'] = {  # Stage 0's boundaries; the rendering shows every level.
+        'actions': [float(a) for a in actions[0]],
+        'probs': [float(p) for p in probs[0]],
         'rendered': segmentation.render(shown, actions),
     }
   result['params'] = int(ckpt.trainer.num_params)
