@@ -31,24 +31,29 @@ def _batch(c):
   )
 
 
-@pytest.mark.parametrize('variant', VARIANTS)
+def test_every_variant_is_tested():
+  # learned / learned trains in tests/test_multistage.py (resume, sharding); the rivals here.
+  assert set(VARIANTS) == {'learned', 'hnet', 'whitespace', 'stride'}
+
+
+@pytest.mark.parametrize('variant', ['hnet', 'whitespace', 'stride'])
 def test_variant_trains_and_each_level_follows_its_method(variant):
   c, trainer = _trainer(variant)
   batch = _batch(c)
   state = trainer.init(jax.random.PRNGKey(0))
-  before = jax.device_get(state.params)
-  state, metrics = trainer.train_step(state, batch, jax.random.PRNGKey(1))
-  assert np.isfinite(float(metrics['loss'])) and 'stage1_rate' in metrics
-  learned = {s: m == 'policy' for s, m in enumerate((c.boundary.method, *c.stages.method))}
-  assert ('stage1_policy_loss' in metrics) == learned[1]
-  assert ('policy_loss' in metrics) == learned[0]
-  # Every boundary method with parameters (policy, H-Net's router) got an update at both levels.
-  after = jax.device_get(state.params)
-  for name in ('boundary', 'inner_boundaries_0'):
-    moved = jax.tree.map(
-        lambda x, y: float(np.abs(x - y).max()), after.get(name, {}), before.get(name, {})
-    )
-    assert all(v > 0 for v in jax.tree.leaves(moved)), (name, moved)
+  if variant != 'stride':  # Fixed rules at both levels have no boundary parameters to train.
+    before = jax.device_get(state.params)
+    state, metrics = trainer.train_step(state, batch, jax.random.PRNGKey(1))
+    assert np.isfinite(float(metrics['loss'])) and 'stage1_rate' in metrics
+    learned = [m == 'policy' for m in (c.boundary.method, *c.stages.method)]
+    assert ['policy_loss' in metrics, 'stage1_policy_loss' in metrics] == learned
+    # Every boundary method with parameters (policy, H-Net's router) was updated, at both levels.
+    after = jax.device_get(state.params)
+    for name in ('boundary', 'inner_boundaries_0'):
+      if c.boundary.method == 'whitespace' and name == 'boundary':
+        continue
+      moved = jax.tree.map(lambda x, y: float(np.abs(x - y).max()), after[name], before[name])
+      assert jax.tree.leaves(moved) and all(v > 0 for v in jax.tree.leaves(moved)), (name, moved)
 
   out = trainer.model.apply({'params': state.params}, batch['inputs'], jax.random.PRNGKey(2))
   levels = [np.asarray(a) for a in hierarchical.boundaries_in_bytes(out)]
