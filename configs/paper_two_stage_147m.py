@@ -21,21 +21,11 @@ with jax.eval_shape of models.build_model(c).init (tokjax.experiments.compare.pa
 Not run at scale: tokjax has neither trained nor compiled this config on accelerators.
 """
 
-from tokjax.config_defaults import paper_config
+from tokjax.config_defaults import paper_two_stage_config
 
 
 def get_config():
-  c = paper_config('147m')
-  c.model.stages = 2
-  c.model.main_layers = 8
-  c.stages.update(
-      method=('policy',),
-      target_rate=(0.5,),
-      capacity=(512,),
-      encoder_layers=(4,),
-      decoder_layers=(4,),
-      window=(0,),
+  # The corpus folder is written once by the prepare command above.
+  return paper_two_stage_config(
+      '147m', main_layers=8, stage_layers=4, corpus='prepared:data/fineweb_147m'
   )
-  c.train.workdir = 'runs/paper_two_stage_147m'
-  c.data.corpus = 'prepared:data/fineweb_147m'  # Written once by the prepare command above.
-  return c

@@ -20,21 +20,11 @@ with jax.eval_shape of models.build_model(c).init (tokjax.experiments.compare.pa
 Not run at scale: tokjax has neither trained nor compiled this config on accelerators.
 """
 
-from tokjax.config_defaults import paper_config
+from tokjax.config_defaults import paper_two_stage_config
 
 
 def get_config():
-  c = paper_config('40m')
-  c.model.stages = 2
-  c.model.main_layers = 4
-  c.stages.update(
-      method=('policy',),
-      target_rate=(0.5,),
-      capacity=(512,),
-      encoder_layers=(2,),
-      decoder_layers=(2,),
-      window=(0,),
+  # The corpus folder is written once by the prepare command above.
+  return paper_two_stage_config(
+      '40m', main_layers=4, stage_layers=2, corpus='prepared:data/fineweb_40m'
   )
-  c.train.workdir = 'runs/paper_two_stage_40m'
-  c.data.corpus = 'prepared:data/fineweb_40m'  # Written once by the prepare command above.
-  return c

@@ -4,7 +4,6 @@ statistics), its two-level rendering, and the paper-scale two-stage configs' FLO
 import json
 import math
 
-import numpy as np
 import pytest
 
 from tokjax import config_defaults, flops
@@ -67,19 +66,6 @@ def test_multistage_trains_every_run_at_equal_flops_and_reports_each_level(tmp_p
   assert all(f'### {run} (' in readme for run in runs)
 
 
-def test_render_levels_marks_both_levels_and_keeps_the_text():
-  text = b'to be, or not'
-  l0 = np.zeros(len(text))
-  l1 = np.zeros(len(text))
-  l0[[2, 5, 8]] = 1  # 'to ', 'be,', ' or'
-  l1[5] = 1
-  shown = multistage.render_levels(text, [l0, l1])
-  assert shown == 'to |be,|| or| not'
-  assert shown.replace('|', '') == text.decode()
-  assert multistage.render_levels(text, [l0]) == 'to |be,| or| not'
-
-
-@pytest.mark.parametrize('size', ['147m', '40m'])
 def test_paper_two_stage_configs_match_the_one_stage_flops_per_byte(size):
   one = config_defaults.load(f'paper_{size}_fineweb')
   two = config_defaults.load(f'paper_two_stage_{size}')

@@ -479,6 +479,25 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
   return c
 
 
+def paper_two_stage_config(size: str, main_layers: int, stage_layers: int, corpus: str):
+  """paper_config(size) with a second stage: the score-function policy over stage-0 chunks at target
+  rate 0.5 (512 slots), `stage_layers` layers before and after it, `main_layers` main layers."""
+  c = paper_config(size)
+  c.model.stages = 2
+  c.model.main_layers = main_layers
+  c.stages.update(
+      method=('policy',),
+      target_rate=(0.5,),
+      capacity=(512,),
+      encoder_layers=(stage_layers,),
+      decoder_layers=(stage_layers,),
+      window=(0,),
+  )
+  c.train.workdir = f'runs/paper_two_stage_{size}'
+  c.data.corpus = corpus
+  return c
+
+
 def tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Shrinks a CPU config to smoke-test size in place (the experiments' --tiny): d_model 32, 1 main
   layer, L = 64, B = 4, one eval batch."""

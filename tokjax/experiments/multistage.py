@@ -180,34 +180,15 @@ def level_stats(ckpt, docs, key, mode: str = 'sample') -> list[dict]:
 
 
 def passage_levels(ckpt, text: bytes, key, modes=PASSAGE_MODES) -> tuple[bytes, dict]:
-  """Boundaries of every level on text's first seq_len - 1 bytes, drawn in each mode (one
-  compilation for all): (bytes shown, {mode: S float[n]})."""
-  tokens = segmentation.encode_window(text, ckpt.config.data.seq_len)
-  model = ckpt.model
-  levels = jax.jit(
-      lambda p, t, k: {
-          m: hierarchical.boundaries_in_bytes(model.apply({'params': p}, t, k, mode=m))
-          for m in modes
-      }
-  )(ckpt.params, tokens, key)
-  n = min(len(text), ckpt.config.data.seq_len - 1)
-  return text[:n], {m: [np.asarray(x[0, 1 : n + 1]) for x in levels[m]] for m in modes}
-
-
-# Duplicates the two-level rendering the inspection branch adds to tokjax/segmentation.py ('|' stage-0
-# end, '||' stage-1 end): replace with it on merge.
-def render_levels(text: bytes, levels) -> str:
-  """text with '|' after each stage-0 chunk and '||' after a chunk that ends a stage-1 chunk too.
-
-  levels: S float[len(text)] (`passage_levels`); the stage-0 chunks concatenate back to text.
-  """
-  pieces, start = [], 0
-  for i in range(len(text)):
-    if levels[0][i] > 0.5:
-      top = len(levels) > 1 and levels[1][i] > 0.5
-      pieces.append(text[start : i + 1].decode('utf-8', errors='replace') + ('||' if top else '|'))
-      start = i + 1
-  return ''.join(pieces) + text[start:].decode('utf-8', errors='replace')
+  """Boundaries of every level on text's first seq_len - 1 bytes, drawn in each mode:
+  (bytes shown, {mode: float32[S, n]})."""
+  drawn = {
+      m: segmentation.boundaries_for(
+          ckpt.model, ckpt.params, text, ckpt.config.data.seq_len, key, m
+      )
+      for m in modes
+  }
+  return drawn[modes[0]][0], {m: actions for m, (_, actions, _) in drawn.items()}
 
 
 def run_one(run, config, out_dir, splits, key, eval_cap, passage) -> dict:
@@ -231,7 +212,7 @@ def run_one(run, config, out_dir, splits, key, eval_cap, passage) -> dict:
         checkpointing.load_checkpoint(os.path.join(out_dir, run)), passage, key
     )
     r['passage']['levels'] = {m: [[float(a) for a in x] for x in v] for m, v in levels.items()}
-    r['passage']['rendered_levels'] = {m: render_levels(shown, v) for m, v in levels.items()}
+    r['passage']['rendered_levels'] = {m: segmentation.render(shown, v) for m, v in levels.items()}
     with open(path, 'w') as f:
       json.dump(r, f)
   return r
