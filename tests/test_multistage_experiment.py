@@ -66,6 +66,7 @@ def test_multistage_trains_every_run_at_equal_flops_and_reports_each_level(tmp_p
   assert all(f'### {run} (' in readme for run in runs)
 
 
+@pytest.mark.parametrize('size', ['147m', '40m'])
 def test_paper_two_stage_configs_match_the_one_stage_flops_per_byte(size):
   one = config_defaults.load(f'paper_{size}_fineweb')
   two = config_defaults.load(f'paper_two_stage_{size}')
