@@ -12,6 +12,13 @@ stage-1 chunks. Every decision at both levels is learned by the score function a
 exit (tokjax/estimator.py). The run ends by printing held-out text with '|' at stage-0 chunk ends and
 '||' where a stage-1 chunk ends too.
 
+Expect (measured on 2 CPU cores shared with test runs, wall 12m53s; the log is
+results/multistage/default_two_stage.txt): 1.41M parameters, final val bpb 2.428 (greedy 2.441)
+against the one-stage default's 2.370 and xz -9's 2.462, stage-0 rate 0.216 with chunks inside words
+(whitespace recall 0.02, where the one-stage model reaches 0.99), stage-1 rate 0.337 per stage-0
+chunk. The stage-1 policy stays unsure at this budget: its greedy boundaries close no stage-1 chunk
+before the forced last one, its sampled ones fall anywhere ("Bas||ic s|ub||process|| impl|ement").
+
 Variants (stage 0 / stage 1):
   learned     policy / policy (the default)
   hnet        H-Net's router at both levels (its published two-stage form)
