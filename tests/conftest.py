@@ -41,6 +41,34 @@ def tiny_run(tmp_path_factory):
   return workdir
 
 
+def tiny_two_stage_config(workdir: str):
+  """configs/two_stage.py's learned/learned variant at its tiny size, on `tiny_config`'s data."""
+  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+
+  c = config_defaults.load('two_stage', 'learned,tiny')
+  c.data.corpus, c.data.max_bytes = 'stdlib', 200_000
+  c.data.val_fraction = c.data.test_fraction = 0.1
+  c.eval.max_batches = 2
+  c.train.steps, c.train.log_every, c.train.eval_every, c.train.checkpoint_every = 4, 2, 4, 4
+  c.train.workdir = workdir
+  return c
+
+
+@pytest.fixture(scope='session')
+def tiny_two_stage_run(tmp_path_factory):
+  """(run folder, console output) of a finished 4-step run of `tiny_two_stage_config`."""
+  import contextlib  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+
+  from tokjax import train  # pylint: disable=g-import-not-at-top
+
+  workdir = str(tmp_path_factory.mktemp('tiny_two_stage_run'))
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    train.train(tiny_two_stage_config(workdir))
+  return workdir, out.getvalue()
+
+
 def tiny_flags(workdir: str, **overrides) -> list[str]:
   """`tiny_config` as command-line flags of `python -m tokjax.train` (subprocess tests); configs/default.py
   is `config_defaults.base_config()`, so the same overrides give the same config. overrides:

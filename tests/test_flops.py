@@ -14,10 +14,20 @@ def _config(kind):
     c.model.kind, c.model.byte_window = 'flat', 0
   else:
     c.boundary.policy.window = 8  # The paper's sequential policy.
+  if kind == 'two_stage':
+    c.model.stages = 2
+    c.stages.update(
+        method=('policy',),
+        target_rate=(0.33,),
+        capacity=(48,),
+        encoder_layers=(1,),
+        decoder_layers=(2,),
+        window=(0,),
+    )
   return c
 
 
-@pytest.mark.parametrize('kind', ['flat', 'hierarchical'])
+@pytest.mark.parametrize('kind', ['flat', 'hierarchical', 'two_stage'])
 def test_executed_flops_match_xla(kind):
   config = _config(kind)
   report = compile_check.check(config, jax.devices()[:1], compile_eval=False)
@@ -35,6 +45,22 @@ def test_model_flops_follow_the_realised_rate():
   assert high - low > linear  # Plus attention, quadratic in the chunk count.
   assert high - low < 1.2 * linear
   assert flops.flops_per_byte(config, 0.2) * seq * b == pytest.approx(flops.step_flops(config, 0.2))
+
+
+def test_two_stage_model_flops_follow_each_stage_rate():
+  config = _config('two_stage')
+  base = flops.step_flops(config, rate=(0.2, 0.33))
+  # A stage without a rate of its own is costed at its target.
+  assert flops.step_flops(config, rate=0.2) == pytest.approx(base)
+  # More stage-1 chunks: only the main network grows. More stage-0 chunks: stage 1's layers and
+  # the main network both grow.
+  more_inner = flops.step_flops(config, rate=(0.2, 0.5)) - base
+  more_outer = flops.step_flops(config, rate=(0.3, 0.33)) - base
+  m, d, seq, b = config.model, config.model.d_model, config.data.seq_len, config.data.batch_size
+  block = 3 * b * (8 * d * d + 6 * d * m.main_mlp_ratio * d)
+  assert more_inner == pytest.approx(block * m.main_layers * 0.2 * seq * (0.5 - 0.33), rel=0.2)
+  stage1_layers = config.stages.encoder_layers[0] + config.stages.decoder_layers[0]
+  assert more_outer > block * stage1_layers * 0.1 * seq
 
 
 def test_peak_and_mfu():

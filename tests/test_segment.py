@@ -64,6 +64,8 @@ def test_windows_leave_no_seams():
   long = jnp.asarray([[BOS_ID] + list(text) + [PAD_ID]], jnp.int32)
   big = model.clone(capacity=long.shape[1], boundary=model.boundary.clone(capacity=long.shape[1]))
   ref = big.apply({'params': params}, long, jax.random.PRNGKey(0), mode='greedy')['boundaries']
+  assert actions.shape == probs.shape == (1, len(text))  # [levels, bytes]: one stage.
+  actions, probs = actions[0], probs[0]
   np.testing.assert_allclose(probs, np.asarray(ref.probs[0, 1:-1]), atol=1e-5)
   np.testing.assert_array_equal(actions, np.asarray(ref.actions[0, 1:-1]))
   assert 0 < actions.sum() < len(text)
@@ -71,7 +73,7 @@ def test_windows_leave_no_seams():
   _, probs0 = segmentation.segment_text(
       model, params, text, c.data.seq_len, jax.random.PRNGKey(0), 'greedy', 0
   )
-  assert np.abs(probs0 - np.asarray(ref.probs[0, 1:-1])).max() > 1e-4
+  assert np.abs(probs0[0] - np.asarray(ref.probs[0, 1:-1])).max() > 1e-4
 
 
 def test_greedy_is_deterministic_and_sampling_is_not():

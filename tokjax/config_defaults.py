@@ -54,6 +54,19 @@ def base_config() -> ml_collections.ConfigDict:
       capacity=128,  # Chunk buffer size C; boundaries beyond it are dropped (see boundaries.py).
       dtype='float32',  # Compute dtype: 'float32' | 'bfloat16' (parameters stay float32).
   )
+  # Stages (tokjax/models/hierarchical.py): model.stages = S levels of boundaries. Stage 0 draws chunk
+  # boundaries over bytes with config.model / config.boundary; stages 1..S-1 each draw boundaries over
+  # the chunks of the stage below with the settings below, one tuple entry per stage (all S - 1 long).
+  # A method's own settings (config.boundary.NAME) are shared by every stage that uses it.
+  c.model.stages = 1  # 1 = the paper's model (bytes -> chunks); 2 adds chunks of chunks.
+  c.stages = dict(
+      method=(),  # Boundary method of each stage: one that supports inner stages (registry).
+      target_rate=(),  # Boundaries per position of that stage's input (per chunk of the stage below).
+      capacity=(),  # Chunk buffer of each stage (>= 2; static shapes).
+      encoder_layers=(),  # Layers over the stage's input chunks before its boundaries.
+      decoder_layers=(),  # Layers over them after the inner stages' output is added back.
+      window=(),  # Attention width of those layers in bytes (0 = full causal attention).
+  )
   # One sub-section per registered boundary method with settings (config.boundary.NAME, from the
   # method's registry entry: tokjax/models/registry.py) and per estimator baseline with settings
   # (config.estimator.NAME, from `estimator.BASELINES`).
@@ -250,6 +263,78 @@ def _check_sections(config) -> None:
       )
 
 
+STAGE_FIELDS = ('method', 'target_rate', 'capacity', 'encoder_layers', 'decoder_layers', 'window')
+
+
+def stage_count(config) -> int:
+  """S, the levels of boundaries (configs saved before stages existed have one)."""
+  return config.model.get('stages', 1)
+
+
+def stage_config(config, s: int) -> ml_collections.ConfigDict:
+  """The config as stage s's boundary method reads it: for s >= 1, config.boundary.method,
+  config.boundary.target_rate and config.model.capacity replaced by config.stages' entry s - 1."""
+  if s == 0:
+    return config
+  view = config.copy_and_resolve_references()
+  with view.unlocked():
+    view.boundary.method = config.stages.method[s - 1]
+    view.boundary.target_rate = float(config.stages.target_rate[s - 1])
+    view.model.capacity = int(config.stages.capacity[s - 1])
+  return view
+
+
+def _validate_stages(config) -> None:
+  n = stage_count(config)
+  if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+    raise UserError(
+        f'config.model.stages={n!r} must be an integer >= 1 (1 = bytes -> chunks, the paper; '
+        '2 = chunks of chunks too).'
+    )
+  if n == 1:
+    return
+  if config.model.kind != 'hierarchical':
+    raise UserError(
+        f'config.model.stages={n} needs config.model.kind="hierarchical" (a flat model has no '
+        'boundaries).'
+    )
+  st = config.stages
+  for field in STAGE_FIELDS:
+    if len(st[field]) != n - 1:
+      raise UserError(
+          f'config.stages.{field} has {len(st[field])} entries but config.model.stages={n} needs '
+          f'{n - 1} (one per stage above the bytes): e.g. --config.stages.{field}="'
+          f'{tuple(st[field][:1]) * (n - 1) if len(st[field]) else "(...,)"}".'
+      )
+  for s in range(1, n):
+    i = s - 1
+    method = registry.get(st.method[i])
+    if not method.inner_stages:
+      ok = tuple(k for k, m in registry.methods().items() if m.inner_stages)
+      raise UserError(
+          f'config.stages.method[{i}]={st.method[i]!r} cannot draw boundaries over chunks (it '
+          f'reads bytes); stage {s} accepts {ok}.'
+      )
+    if not 0.0 < st.target_rate[i] < 1.0:
+      raise UserError(f'config.stages.target_rate[{i}]={st.target_rate[i]!r} must be in (0, 1).')
+    for field, low in (
+        ('capacity', 2),
+        ('encoder_layers', 0),
+        ('decoder_layers', 0),
+        ('window', 0),
+    ):
+      v = st[field][i]
+      if not (isinstance(v, int) and not isinstance(v, bool) and v >= low):
+        raise UserError(f'config.stages.{field}[{i}]={v!r} must be an integer >= {low}.')
+    if method.validate:
+      method.validate(stage_config(config, s))
+  if config.estimator.baseline == 'value':
+    raise UserError(
+        f'config.estimator.baseline="value" has one critic, for stage 0; with config.model.stages='
+        f'{n} use "batch", "rloo" or "none" (each applies per stage).'
+    )
+
+
 def validate(config) -> None:
   """Raises UserError naming the first bad field and what it accepts."""
   bad = _non_finite(config.to_dict(), 'config')
@@ -300,6 +385,7 @@ def validate(config) -> None:
   method = registry.get(config.boundary.method)
   if method.validate:
     method.validate(config)
+  _validate_stages(config)
   est = config.estimator
   baseline = estimator.baseline(est.baseline)
   if baseline.validate:
@@ -390,6 +476,25 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
   )
   c.eval.update(batch_size=64, max_batches=32)
   c.mesh.update(data=1, fsdp=-1, tensor=1)  # FSDP over every device: the batch splits evenly.
+  return c
+
+
+def paper_two_stage_config(size: str, main_layers: int, stage_layers: int, corpus: str):
+  """paper_config(size) with a second stage: the score-function policy over stage-0 chunks at target
+  rate 0.5 (512 slots), `stage_layers` layers before and after it, `main_layers` main layers."""
+  c = paper_config(size)
+  c.model.stages = 2
+  c.model.main_layers = main_layers
+  c.stages.update(
+      method=('policy',),
+      target_rate=(0.5,),
+      capacity=(512,),
+      encoder_layers=(stage_layers,),
+      decoder_layers=(stage_layers,),
+      window=(0,),
+  )
+  c.train.workdir = f'runs/paper_two_stage_{size}'
+  c.data.corpus = corpus
   return c
 
 

@@ -21,6 +21,18 @@ Generation does not apply the training chunk capacity: the chunk buffer holds ev
 Lengths beyond the training seq_len are extrapolation (byte layers are local; the chunk layers see more
 chunks than in training).
 
+Models with S > 1 stages (`generate_stages`) generate without caches: every step runs the training
+forward (mode 'sample' or 'greedy', every stage's boundary method drawing its own decisions) on a
+fixed buffer of N + 1 positions (the spare last one takes the convention's forced boundary), with one
+boundary key for all steps. The model is causal in bytes, boundary decisions of every level included,
+and each position's random draw depends only on the key, the position and the buffer's fixed shape,
+so the decisions at positions <= t made at step t are never changed by the bytes appended later: the
+boundaries drawn while generating equal one forward pass over the final text with the same key
+(tests/test_multistage_inspection.py). The cached path is not extended to S > 1: it would need a
+cached stack per stage fed one position whenever the stage below closes a chunk, and incremental forms
+of every boundary method (the rivals read tokens and neighbours in their own ways); one forward per
+byte costs O(N) per byte, acceptable at the CPU sizes the multi-stage configs have.
+
 Shape names: B rows, N total positions (BOS + prompt + generated), S cache slots, V vocabulary.
 """
 
@@ -32,7 +44,7 @@ import jax.numpy as jnp
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 from tokjax.models import boundaries as bd
-from tokjax.models import chunking, layers
+from tokjax.models import chunking, hierarchical, layers
 
 
 def check_supported(model) -> None:
@@ -218,6 +230,72 @@ def generate(
       step, (tokens0, jnp.zeros((b, n)), caches), jnp.arange(n)
   )
   return {'tokens': tokens, 'actions': actions, 'logits': logits, 'policy_logits': policy_logits}
+
+
+def with_capacities(model, capacity: int):
+  """The same model (same parameters) with a chunk buffer of `capacity` slots at every stage."""
+  inner = tuple(b.clone(parent=None, capacity=capacity) for b in model.inner_boundaries)
+  return with_capacity(model, capacity).clone(
+      parent=None, inner_boundaries=inner, inner_capacity=(capacity,) * len(inner)
+  )
+
+
+def stage_keys(key):
+  """(key of every stage's boundary draw over the whole buffer, key whose `_step_keys(., t)[1]` draws
+  the byte after position t) of `generate_stages`."""
+  k_bnd, k_bytes = jax.random.split(key)
+  return k_bnd, k_bytes
+
+
+def stage_boundaries(model, params, tokens, key, mode: str):
+  """One forward pass: tokens int32[B, N] -> (next-byte logits float32[B, N, V], every stage's chunk
+  ends on bytes float32[B, S, N] (`hierarchical.boundaries_in_bytes`))."""
+  out = model.apply({'params': params}, tokens, key, mode=mode)
+  return out['logits'], jnp.stack(hierarchical.boundaries_in_bytes(out), axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'num_bytes', 'mode', 'temperature', 'top_k'))
+def generate_stages(
+    model,
+    params,
+    prompt,
+    key,
+    num_bytes: int,
+    mode: str = 'sample',
+    temperature: float = 1.0,
+    top_k: int = 0,
+):
+  """Continues prompt: int32[B, P] (starting with BOS) by num_bytes bytes with a model of any number
+  of stages, uncached (see the module docstring): step t runs `stage_boundaries` on the buffer (PAD
+  after the last byte known) and keeps its decisions at t and its logits at t.
+
+  Returns {'tokens': int32[B, N] (N = P + num_bytes), 'actions': float32[B, S, N] (every stage's chunk
+  ends on bytes, as decided at each step), 'logits': float32[N, B, V]}. Boundaries use the key
+  stage_keys(key)[0] for every step: `stage_boundaries` with it on the final tokens (padded by one
+  position) gives the same actions.
+  """
+  b, p = prompt.shape
+  n = p + num_bytes
+  model = with_capacities(model, n + 1)
+  k_bnd, k_bytes = stage_keys(key)
+  tokens0 = jnp.concatenate([prompt, jnp.full((b, num_bytes + 1), PAD_ID, jnp.int32)], axis=1)
+
+  def step(carry, t):
+    tokens, actions = carry
+    logits, levels = stage_boundaries(model, params, tokens, k_bnd, mode)
+    logits = jnp.take(logits, t, axis=1)
+    sampled = sample_byte(
+        logits, jax.random.fold_in(jax.random.fold_in(k_bytes, t), 1), temperature, top_k
+    )
+    nxt = jnp.where(t + 1 < p, jnp.take(tokens, t + 1, axis=1), sampled)
+    # The byte after the last step is not kept: the spare position stays PAD.
+    tokens = tokens.at[:, t + 1].set(jnp.where(t + 1 < n, nxt, PAD_ID))
+    actions = actions.at[:, :, t].set(levels[:, :, t])
+    return (tokens, actions), logits
+
+  actions0 = jnp.zeros((b, model.stages, n), jnp.float32)
+  (tokens, actions), logits = jax.lax.scan(step, (tokens0, actions0), jnp.arange(n))
+  return {'tokens': tokens[:, :n], 'actions': actions, 'logits': logits}
 
 
 def encode_prompt(prompt: bytes, batch: int = 1):

@@ -139,21 +139,39 @@ def advantages_and_returns(r, mask, cfg, values=None):
   return baseline(cfg.baseline).advantages(r, mask, cfg, values)
 
 
-def score_function_terms(ce_full, ce_early, bnd, mask, cfg, values=None):
+def score_function_terms(
+    ce_full, ce_early, bnd, mask, cfg, values=None, positions=None, target_rate=None
+):
   """The policy and rate losses of a boundary draw (and the critic's loss), and diagnostics.
 
   ce_full, ce_early: float32[B, L]; bnd: `Boundaries`; mask: float32[B, L] of valid targets;
   cfg: the `estimator` config (reward, baseline and its section, gamma, lambda_rl, lambda_rate,
   rate_loss, target_rate); values: float32[B, L] critic output for baseline 'value'.
   Returns (loss: scalar, metrics: dict of scalars).
+
+  Stages above the bytes (tokjax/models/hierarchical.py): bnd holds decisions over N positions,
+  positions: int32[B, N] gives the byte where each one ends (L on padding), ce_early is that stage's
+  early exit and target_rate its own. A decision there first changes the prediction at its byte, so
+  its return is the byte-level return G at that byte: advantages are per byte and discounted along
+  bytes, for every stage. Discounting along bytes keeps gamma's horizon in bytes (about 1 / (1 -
+  gamma) of them) the same at every level; discounting along a stage's own positions would make the
+  horizon in bytes grow with the chunk lengths that policy is still learning, moving the estimator's
+  bias and variance as its rate moves. The policy loss is normalised per byte (B * L) at every stage.
   """
   r = rewards(ce_full, ce_early, cfg.reward) * mask
   adv, g, baseline_loss, baseline_metrics = advantages_and_returns(r, mask, cfg, values)
-  free = bnd.free & (mask > 0)
+  if positions is None:
+    free = bnd.free & (mask > 0)
+  else:
+    at = jnp.minimum(positions, mask.shape[1] - 1)
+    take = lambda x: jnp.take_along_axis(x, at, axis=1)
+    adv, g = take(adv), take(g)
+    free = bnd.free & (positions < mask.shape[1]) & (take(mask) > 0)
   log_ratio = bnd.stats.get('log_ratio')
   weights = None if log_ratio is None else jnp.exp(log_ratio)
-  pg = policy_loss(bnd.log_probs, g, free, weights)
-  rate = rate_loss(bnd.logits, bnd.probs, free, cfg.target_rate)
+  pg = policy_loss(bnd.log_probs, g, free, weights) * (free.size / mask.size)
+  target = cfg.target_rate if target_rate is None else target_rate
+  rate = rate_loss(bnd.logits, bnd.probs, free, target)
   loss = cfg.lambda_rl * pg + (cfg.lambda_rate * rate if cfg.rate_loss else 0.0) + baseline_loss
   n_free = jnp.maximum(jnp.sum(free), 1)
   p = jnp.clip(bnd.probs, 1e-6, 1 - 1e-6)

@@ -10,7 +10,10 @@ the same way) with sampled and with greedy boundaries. Writes FILE_PREFIX.json a
   - rate (boundaries per byte), a histogram of bytes per chunk;
   - boundary precision / recall / F1 against whitespace bytes and against BPE token starts (a byte-level
     BPE tokenizer trained on the train split to about the target rate by
-    `tokjax.models.rivals.bpe.fit_tokenizer`).
+    `tokjax.models.rivals.bpe.fit_tokenizer`);
+  - for a model with S > 1 stages, a table with one line per level and boundary mode: rate, bytes per
+    chunk, whitespace precision / recall / F1 and line precision / recall of the chunk ends of every
+    stage (the report's stage{s}_* entries; see `tokjax.evaluation`).
 The statistics and their exact definitions are `tokjax.evaluation`'s, the same code the trainer's
 validation runs: with the same key, `--split val` reproduces the trainer's own val bpb.
 The checkpoint is restored by `tokjax.checkpointing.load_checkpoint`: a damaged latest step is reported
@@ -23,7 +26,7 @@ import os
 from absl import flags
 import numpy as np
 
-from tokjax import checkpointing, cli, evaluation, paths
+from tokjax import checkpointing, cli, config_defaults, evaluation, paths
 from tokjax.data import pipeline
 from tokjax.errors import UserError
 
@@ -77,6 +80,24 @@ def to_markdown(report: dict) -> str:
         f"{m.get('rate', float('nan')):.3f} | {m.get('bytes_per_chunk', float('nan')):.2f} | "
         f"{prf(m, 'whitespace')} | {prf(m, 'bpe')} |"
     )
+  if report.get('stages', 1) > 1:
+    lines += [
+        '',
+        'Boundaries per level (rate: chunk ends per byte at stage 0, per chunk of stage s - 1 at '
+        'stage s):',
+        '',
+        '| boundaries | stage | rate | bytes/chunk | ws P / R / F1 | line P / R |',
+        '|---|---|---|---|---|---|',
+    ]
+    for mode, m in modes.items():
+      for s in range(report['stages']):
+        p = f'stage{s}_' if s else ''
+        ws = ' / '.join(f"{m[f'{p}whitespace_{k}']:.3f}" for k in ('precision', 'recall', 'f1'))
+        line = ' / '.join(f"{m[f'{p}line_{k}']:.3f}" for k in ('precision', 'recall'))
+        lines.append(
+            f"| {mode} | {s} | {m[f'{p}rate']:.3f} | {m[f'{p}bytes_per_chunk']:.2f} | {ws} | "
+            f'{line} |'
+        )
   if report.get('bpe'):
     b = report['bpe']
     lines += [
@@ -147,6 +168,7 @@ def run_evaluation(
       'step': ckpt.step,
       'split': split,
       'corpus': corpus or config.data.corpus,
+      'stages': config_defaults.stage_count(config),
       'num_docs': first['documents'],
       'bytes': first['bytes'],
       'max_batches': max_batches,

@@ -15,6 +15,13 @@ batches):
            boundaries included: the same positions as the training metrics of `losses.boundary_metrics`.
            A boundary after input byte t matches whitespace when byte t is whitespace, and matches BPE
            when byte t starts a BPE token (the shift of the BPE-guided rival).
+  line_{precision,recall}
+           the same against newline bytes: boundaries that end a line, and lines ended by a boundary.
+  stage{s}_* (models with S > 1 stages, s = 1..S-1) the same statistics of stage s's chunk ends on
+           bytes (`hierarchical.boundaries_in_bytes`): rate is per chunk of stage s - 1 (stage s's
+           input positions, as the training metric stage{s}_rate), bytes_per_chunk is bytes per
+           stage-s chunk, whitespace_*, line_* and chunk_hist as above; no BPE scores (the BPE
+           reference is fitted to stage 0's rate).
 """
 
 import functools
@@ -26,6 +33,7 @@ import numpy as np
 
 from tokjax import losses, sharding
 from tokjax.data import pipeline
+from tokjax.models import hierarchical
 
 HIST_MAX = 32  # Chunks of HIST_MAX bytes or more share the last histogram bin.
 SE_LABEL = '+- s.e. (ratio estimator over documents)'
@@ -65,13 +73,14 @@ def prf(hit, pred, ref) -> dict:
 
 
 def _forward(model, kind, mode, params, batch, key):
-  """-> (CE nats float32[B, L], zero where mask is 0; executed boundaries float32[B, L])."""
+  """-> (CE nats float32[B, L], zero where mask is 0; executed boundaries of every stage on bytes
+  float32[B, S, L], S = 1 for the flat and the one-stage model)."""
   if kind == 'flat':
     out = model.apply({'params': params}, batch['inputs'])
-    actions = jnp.zeros(batch['inputs'].shape, jnp.float32)
+    actions = jnp.zeros(batch['inputs'].shape, jnp.float32)[:, None]
   else:
     out = model.apply({'params': params}, batch['inputs'], key, mode=mode)
-    actions = out['boundaries'].actions.astype(jnp.float32)
+    actions = jnp.stack(hierarchical.boundaries_in_bytes(out), axis=1).astype(jnp.float32)
   return losses.cross_entropy(out['logits'], batch['targets']) * batch['mask'], actions
 
 
@@ -112,8 +121,9 @@ class Evaluator:
 
     Returns:
       {mode: {'bpb', 'bpb_se', 'documents', 'bytes'} + for a hierarchical model 'rate',
-      'bytes_per_chunk', 'whitespace_{precision,recall,f1}', 'chunk_hist' and, with bpe_starts,
-      'bpe_{precision,recall,f1}'}.
+      'bytes_per_chunk', 'whitespace_{precision,recall,f1}', 'line_{precision,recall}', 'chunk_hist'
+      and, with bpe_starts, 'bpe_{precision,recall,f1}'; with S > 1 stages the same boundary
+      statistics (BPE's aside) of each stage s >= 1 prefixed 'stage{s}_' (see the module docstring)}.
     """
     modes = [m for m in (modes or self.modes) if m in self.modes]
     if batches is None:
@@ -135,8 +145,7 @@ class Evaluator:
 
   def _run_mode(self, params, mode, batches, key, doc_of, n, num_docs, bpe_stream) -> dict:
     ce_doc, bytes_doc = np.zeros(num_docs), np.zeros(num_docs)
-    counts = dict(scored=0, bnd=0, ws=0, ws_hit=0, bpe=0, bpe_hit=0)
-    hist = np.zeros(HIST_MAX + 1, np.int64)
+    counts, hists = None, None  # Per level of boundaries, made at the first batch.
     for i, batch in enumerate(batches):
       placed = sharding.global_batch_from_global(pipeline.model_batch(batch), self.trainer.mesh)
       with sharding.use(self.trainer.mesh, self.config.mesh):
@@ -149,19 +158,29 @@ class Evaluator:
       bytes_doc += np.bincount(tdoc, minlength=num_docs)
       if not self.hierarchical:
         continue
-      a = (actions > 0.5) & mask
+      if counts is None:
+        counts = [
+            dict(scored=0, bnd=0, ws=0, ws_hit=0, nl=0, nl_hit=0, bpe=0, bpe_hit=0)
+            for _ in range(actions.shape[1])
+        ]
+        hists = [np.zeros(HIST_MAX + 1, np.int64) for _ in counts]
       ws = np.isin(batch['inputs'], losses.WHITESPACE) & mask
-      counts['scored'] += mask.sum()
-      counts['bnd'] += a.sum()
-      counts['ws'] += ws.sum()
-      counts['ws_hit'] += (a & ws).sum()
-      if bpe_stream is not None:
-        ref = bpe_stream[np.clip(pos, 0, n - 1)] & mask
-        counts['bpe'] += ref.sum()
-        counts['bpe_hit'] += (a & ref).sum()
-      for row in a:
-        lengths = np.diff(np.flatnonzero(row))
-        hist += np.bincount(np.minimum(lengths, HIST_MAX), minlength=HIST_MAX + 1)
+      nl = (batch['inputs'] == 10) & mask
+      ref = bpe_stream[np.clip(pos, 0, n - 1)] & mask if bpe_stream is not None else None
+      for c, hist, level in zip(counts, hists, actions.swapaxes(0, 1)):
+        a = (level > 0.5) & mask
+        c['scored'] += mask.sum()
+        c['bnd'] += a.sum()
+        c['ws'] += ws.sum()
+        c['ws_hit'] += (a & ws).sum()
+        c['nl'] += nl.sum()
+        c['nl_hit'] += (a & nl).sum()
+        if ref is not None:
+          c['bpe'] += ref.sum()
+          c['bpe_hit'] += (a & ref).sum()
+        for row in a:
+          lengths = np.diff(np.flatnonzero(row))
+          hist += np.bincount(np.minimum(lengths, HIST_MAX), minlength=HIST_MAX + 1)
     bpb, se = ratio_and_se(ce_doc, bytes_doc)
     m = {
         'bpb': bpb,
@@ -169,16 +188,23 @@ class Evaluator:
         'documents': int(np.sum(bytes_doc > 0)),
         'bytes': int(bytes_doc.sum()),
     }
-    if self.hierarchical:
-      m['rate'] = float(counts['bnd'] / max(counts['scored'], 1))
-      m['bytes_per_chunk'] = 1.0 / m['rate'] if m['rate'] > 0 else float('inf')
-      refs = [('whitespace', 'ws')] + ([('bpe', 'bpe')] if bpe_stream is not None else [])
-      for name, c in refs:
-        scores = prf(counts[f'{c}_hit'], counts['bnd'], counts[c])
-        m.update({f'{name}_{k}': float(v) for k, v in scores.items()})
-      m['chunk_hist'] = {
-          (f'{k}+' if k == HIST_MAX else str(k)): int(c) for k, c in enumerate(hist) if c
+    for s, (c, hist) in enumerate(zip(counts or [], hists or [])):
+      prefix = f'stage{s}_' if s else ''
+      # Stage s >= 1 decides once per chunk of stage s - 1: its rate is per such chunk.
+      per = counts[s - 1]['bnd'] if s else c['scored']
+      stats = {'rate': float(c['bnd'] / max(per, 1))}
+      per_byte = float(c['bnd'] / max(c['scored'], 1))
+      stats['bytes_per_chunk'] = 1.0 / per_byte if per_byte > 0 else float('inf')
+      refs = [('whitespace', 'ws')] + ([('bpe', 'bpe')] if bpe_stream is not None and not s else [])
+      for name, k in refs:
+        scores = prf(c[f'{k}_hit'], c['bnd'], c[k])
+        stats.update({f'{name}_{stat}': float(v) for stat, v in scores.items()})
+      lines = prf(c['nl_hit'], c['bnd'], c['nl'])
+      stats.update(line_precision=float(lines['precision']), line_recall=float(lines['recall']))
+      stats['chunk_hist'] = {
+          (f'{k}+' if k == HIST_MAX else str(k)): int(v) for k, v in enumerate(hist) if v
       }
+      m.update({prefix + k: v for k, v in stats.items()})
     return m
 
 

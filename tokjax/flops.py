@@ -7,7 +7,10 @@ the usual 6 N D accounting. Per sequence of L bytes:
   block on n positions, width d, MLP hidden F, k keys per query:
       8 n d^2 (q, k, v, out) + 6 n d F (GeGLU gate, up, down) + 4 n k d (scores, values)
   hierarchical: encoder + decoder blocks on L bytes (sliding window W), main blocks on the chunks,
-      the boundary policy's projection 2 L d w, two LM heads (early exit, final) 2 x 2 L d V
+      the boundary policy's projection 2 L d w, two LM heads (early exit, final) 2 x 2 L d V;
+      with S stages, each stage s >= 1 adds its encoder + decoder blocks on the chunks of stage s - 1,
+      its policy's projection there and its early-exit head 2 L d V, and the main blocks run on the
+      chunks of the last stage
   flat: blocks on L bytes, one LM head.
 
 Two counts, both from `step_flops`:
@@ -58,25 +61,44 @@ def _window_keys(seq_len: int, window: int, executed: bool) -> float:
 
 
 def forward_flops_per_sequence(config, rate=None) -> float:
-  """Forward FLOPs of one sequence of config.data.seq_len bytes (see the module docstring)."""
+  """Forward FLOPs of one sequence of config.data.seq_len bytes (see the module docstring).
+
+  rate: None (executed count), the chunks per byte of stage 0, or a sequence with one rate per stage
+  (stage s >= 1: boundaries per chunk of stage s - 1; a stage without one is costed at its target).
+  """
   m, seq = config.model, config.data.seq_len
   d, v = m.d_model, VOCAB_SIZE
   executed = rate is None
   if m.kind == 'flat':
     keys = _window_keys(seq, m.byte_window, executed)
     return m.num_layers * _block(seq, d, m.mlp_ratio * d, keys) + 2 * seq * d * v
+  stages = config.model.get('stages', 1)
+  rates = () if executed else (tuple(rate) if isinstance(rate, (tuple, list)) else (rate,))
   byte_keys = _window_keys(seq, m.byte_window, executed)
-  byte = (m.encoder_layers + m.decoder_layers) * _block(seq, d, m.byte_mlp_ratio * d, byte_keys)
-  if executed:
-    chunks, chunk_keys = float(m.capacity), float(m.capacity)
-  else:
-    chunks = float(rate) * seq
-    chunk_keys = (chunks + 1) / 2
-  main = m.main_layers * _block(chunks, d, m.main_mlp_ratio * d, chunk_keys)
-  window = config.boundary.policy.window if config.boundary.method == 'policy' else 0
-  policy = 2 * seq * d * window
-  heads = 2 * (2 * seq * d * v)
-  return byte + main + policy + heads
+  total = (m.encoder_layers + m.decoder_layers) * _block(seq, d, m.byte_mlp_ratio * d, byte_keys)
+  total += 2 * seq * d * _policy_width(config.boundary) + 2 * (2 * seq * d * v)
+  chunks = float(m.capacity) if executed else float(rates[0]) * seq
+  for s in range(1, stages):
+    st, i = config.stages, s - 1
+    n_in = chunks
+    if executed:
+      keys = n_in
+      chunks = float(st.capacity[i])
+    else:
+      keys = (n_in + 1) / 2
+      if st.window[i] > 0:  # A window in bytes spans about window * n_in / L chunks.
+        keys = min(keys, st.window[i] * n_in / seq)
+      chunks = n_in * float(rates[s] if s < len(rates) else st.target_rate[i])
+    layers_ = st.encoder_layers[i] + st.decoder_layers[i]
+    total += layers_ * _block(n_in, d, m.main_mlp_ratio * d, keys)
+    total += 2 * n_in * d * (config.boundary.policy.window if st.method[i] == 'policy' else 0)
+    total += 2 * seq * d * v  # The stage's early-exit head.
+  chunk_keys = chunks if executed else (chunks + 1) / 2
+  return total + m.main_layers * _block(chunks, d, m.main_mlp_ratio * d, chunk_keys)
+
+
+def _policy_width(boundary) -> int:
+  return boundary.policy.window if boundary.method == 'policy' else 0
 
 
 def step_flops(config, rate=None) -> float:

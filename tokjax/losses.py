@@ -39,6 +39,9 @@ def boundary_metrics(tokens, actions, mask, dropped=None):
       'whitespace_recall': jnp.sum(actions * ws) / jnp.maximum(jnp.sum(ws), 1.0),
       'whitespace_precision': jnp.sum(actions * ws) / jnp.maximum(jnp.sum(actions * mask), 1.0),
   }
+  newline = (tokens == 10).astype(jnp.float32) * mask
+  # Fraction of boundaries that end a line (line alignment; text has one newline per ~40-80 bytes).
+  out['line_precision'] = jnp.sum(actions * newline) / jnp.maximum(jnp.sum(actions * mask), 1.0)
   if dropped is not None:
     out['overflow'] = jnp.sum(dropped) / jnp.maximum(jnp.sum(dropped) + jnp.sum(actions), 1.0)
     out['overflow_rows'] = jnp.mean(jnp.any(dropped > 0, axis=-1).astype(jnp.float32))
@@ -82,7 +85,13 @@ def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample'):
   bnd = out['boundaries']
   ce_full = cross_entropy(out['logits'], targets) * mask
   loss_full, loss_early = masked_mean(ce_full, mask), masked_mean(ce_early, mask)
-  loss = (1.0 - est.lambda_early) * loss_full + est.lambda_early * loss_early + bnd.aux_loss
+  inner = out.get('inner', [])
+  # Early exits: stage 0's, and with S stages the mean over the S heads (each trained by its CE).
+  ce_early_inner = [cross_entropy(st['early_logits'], targets) * mask for st in inner]
+  loss_early_all = (loss_early + sum(masked_mean(c, mask) for c in ce_early_inner)) / (
+      1 + len(inner)
+  )
+  loss = (1.0 - est.lambda_early) * loss_full + est.lambda_early * loss_early_all + bnd.aux_loss
   metrics = {'bpb': loss_full / LN2, 'bpb_early': loss_early / LN2}
   if score_function:
     rl_loss, rl_metrics = estimator.score_function_terms(
@@ -92,6 +101,42 @@ def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample'):
     metrics.update(rl_metrics)
   metrics.update(boundary_metrics(inputs, bnd.actions, mask, bnd.dropped))
   metrics.update({k: v for k, v in bnd.stats.items() if jnp.ndim(v) == 0})
+  for s, (st, ce_early_s) in enumerate(zip(inner, ce_early_inner), start=1):
+    stage_loss, stage_metrics = inner_stage_terms(cfg, s, st, ce_full, ce_early_s, mask)
+    loss = loss + stage_loss
+    metrics.update({f'stage{s}_{k}': v for k, v in stage_metrics.items()})
   metrics['loss'] = loss
   # CE of the first draw only: callers count bytes over the B rows of the batch.
   return loss, (metrics, ce_full[: batch['mask'].shape[0]])
+
+
+def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask):
+  """The losses and metrics of stage s >= 1 (`stage`: one entry of the model's out['inner']).
+
+  Returns (loss: scalar, metrics: dict of scalars): the method's auxiliary loss, its score-function
+  terms against this stage's own early exit (when its method trains with the score function) and its
+  boundary statistics: rate per input position (per chunk of stage s - 1), bytes per chunk of stage
+  s, alignment of its boundaries to whitespace and line ends, overflow.
+  """
+  bnd, valid = stage['boundaries'], stage['valid'].astype(jnp.float32)
+  method = registry.get(cfg.stages.method[s - 1])
+  loss = bnd.aux_loss
+  metrics = {'bpb_early': masked_mean(ce_early, mask) / LN2}
+  if method.score_function:
+    rl_loss, rl_metrics = estimator.score_function_terms(
+        ce_full,
+        ce_early,
+        bnd,
+        mask,
+        cfg.estimator,
+        positions=stage['positions'],
+        target_rate=cfg.stages.target_rate[s - 1],
+    )
+    loss = loss + rl_loss
+    metrics.update(rl_metrics)
+  stats = boundary_metrics(stage['tokens'], bnd.actions, valid, bnd.dropped * valid)
+  del stats['whitespace_recall']  # Per byte, not per chunk: see stage 0's.
+  stats['bytes_per_chunk'] = jnp.sum(mask) / jnp.maximum(jnp.sum(bnd.actions * valid), 1.0)
+  metrics.update(stats)
+  metrics.update({k: v for k, v in bnd.stats.items() if jnp.ndim(v) == 0})
+  return loss, metrics

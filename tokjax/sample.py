@@ -9,6 +9,11 @@ excluded). The default path keeps key/value caches (sliding-window caches for th
 cache for the chunk layers) so each byte costs one position's work; --no_cache reruns the whole model
 on the full buffer for every byte; --compare runs both with the same key, checks that they produced the
 same bytes and boundaries and prints both speeds. See tokjax/decoding.py.
+
+A model with several stages (config.model.stages > 1) draws the boundaries of every level on the fly
+and generates without caches (one full forward per byte, `decoding.generate_stages`; the README says
+why); its text is printed with '|' after a stage-0 chunk and '||' where a stage-1 chunk ends too.
+--compare needs a one-stage model.
 """
 
 import time
@@ -32,18 +37,28 @@ def run_generation(
     top_k: int,
     cached: bool,
 ) -> dict:
-  """Compiles and runs `decoding.generate` once; returns its outputs, the text, the chunk-marked
-  text and the speed (bytes per second, compilation excluded)."""
+  """Compiles and runs `decoding.generate` (`decoding.generate_stages` for a model of S > 1 stages,
+  which has no cached path) once; returns its outputs, the text, its boundaries 'actions' float32[S,
+  n] (every level on bytes), the chunk-marked text and the speed (bytes per second, compilation
+  excluded)."""
+  stages = getattr(model, 'stages', 1)
+  if stages > 1 and cached:
+    raise UserError(f'a {stages}-stage model generates without caches; pass --no_cache.')
   tokens = decoding.encode_prompt(prompt)
-  args = (model, params, tokens, key, num_bytes, mode, temperature, top_k, cached)
+  if stages > 1:
+    fn, args = decoding.generate_stages, (model, params, tokens, key, num_bytes, mode)
+    args += (temperature, top_k)
+  else:
+    fn, args = decoding.generate, (model, params, tokens, key, num_bytes, mode)
+    args += (temperature, top_k, cached)
   t0 = time.perf_counter()
-  compiled = decoding.generate.lower(*args).compile()
+  compiled = fn.lower(*args).compile()
   t1 = time.perf_counter()
   out = jax.block_until_ready(compiled(params, tokens, key))
   t2 = time.perf_counter()
   ids = np.asarray(out['tokens'][0, 1:])
   text = bytes(ids.astype(np.uint8).tolist())
-  actions = np.asarray(out['actions'][0, 1:])
+  actions = segmentation.as_levels(np.asarray(out['actions'][0, ..., 1:]))
   return {
       'out': out,
       'text': text,
@@ -98,7 +113,13 @@ def main(argv):
         f'{f.checkpoint} holds a flat model; generation with boundaries needs a '
         'hierarchical one.'
     )
-  decoding.check_supported(ckpt.model)
+  stages = ckpt.model.stages
+  if stages == 1:
+    decoding.check_supported(ckpt.model)
+  elif f.compare:
+    raise UserError(
+        f'--compare needs a one-stage model; this {stages}-stage model has no cached generation.'
+    )
   total = len(prompt) + 1 + f.num_bytes
   if total > ckpt.config.data.seq_len:
     print(
@@ -106,7 +127,7 @@ def main(argv):
         'layers extrapolate.'
     )
   key = jax.random.PRNGKey(f.seed)
-  paths = [True, False] if f.compare else [not f.no_cache]
+  paths = [True, False] if f.compare else [not f.no_cache and stages == 1]
   runs = {}
   for cached in paths:
     runs[cached] = run_generation(
@@ -121,7 +142,8 @@ def main(argv):
         cached,
     )
   res = runs[paths[0]]
-  print(f'--- {f.boundaries} boundaries, | ends a chunk; prompt: {len(prompt)} bytes ---')
+  legend = segmentation.legend(stages)
+  print(f'--- {f.boundaries} boundaries, {legend}; prompt: {len(prompt)} bytes ---')
   print(segmentation.render(res['text'], res['actions'], terminal=True))
   print('---')
   for cached, r in runs.items():

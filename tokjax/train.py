@@ -93,7 +93,8 @@ def format_eta(seconds: float) -> str:
 
 
 def show_segmentation(trainer, params, data, config, key) -> str:
-  """Held-out lines (from the test split) with '|' after each chunk, greedy and sampled."""
+  """Held-out lines (from the test split) with '|' after each chunk ('||' where a stage-1 chunk ends
+  too, and so on: `segmentation.render`), greedy and sampled."""
   text = data.splits['test'][0]
   lines = []
   for mode in ('greedy', 'sample'):
@@ -162,12 +163,16 @@ class Reporter:
   def train_step(self, done: int, metrics) -> None:
     metrics = jax.device_get(metrics)
     now = time.time()
-    rate = float(metrics['rate']) if self.hierarchical else None
+    rate = None
+    if self.hierarchical:  # Stage 0's chunks per byte, then each inner stage's rate.
+      stages = range(1, self.config.model.get('stages', 1))
+      rate = (float(metrics['rate']),) + tuple(float(metrics[f'stage{s}_rate']) for s in stages)
     speed = self.throughput(done - self.last_step, now - self.last_t, rate)
     eta = (self.total - done) * (now - self.t0) / max(done - self.start_step, 1)
     self.writer.write(done, 'train', dict(metrics, **speed))
     extra = (
         f' | rate {metrics["rate"]:.3f} ws {metrics["whitespace_recall"]:.2f}'
+        + ''.join(f' | stage {s} rate {r:.3f}' for s, r in enumerate(rate[1:], start=1))
         if self.hierarchical
         else ''
     )
@@ -187,6 +192,10 @@ class Reporter:
     seg = (
         f' | rate {val["rate"]:.3f} ws {val["whitespace_recall"]:.2f} greedy ws '
         f'{val["greedy_whitespace_recall"]:.2f}'
+        + ''.join(
+            f' | stage {s} rate {val[f"stage{s}_rate"]:.3f}'
+            for s in range(1, config_defaults.stage_count(self.config))
+        )
         if self.hierarchical
         else ''
     )
@@ -195,7 +204,8 @@ class Reporter:
         f'{ref["gzip"]:.3f} xz -9 {ref["xz"]:.3f}{seg}',
         flush=True,
     )
-    if self.hierarchical:  # Watch the tokenization form: a held-out line with greedy boundaries.
+    # Watch the tokenization form: a held-out line with greedy boundaries (every level).
+    if self.hierarchical:
       shown, actions, _ = segmentation.boundaries_for(
           self.trainer.model,
           params,
@@ -217,7 +227,8 @@ class Reporter:
     )
     print(f'wrote {self.writer.path}, {png}, checkpoints in {checkpoint_dir}')
     if self.hierarchical:
-      print('learned segmentation of held-out text (| ends a chunk):')
+      legend = segmentation.legend(config_defaults.stage_count(self.config))
+      print(f'learned segmentation of held-out text ({legend}):')
       print(show_segmentation(self.trainer, params, self.data, self.config, key))
 
 

@@ -91,6 +91,16 @@ def match_flat_layers(flat_config, target: int) -> int:
   return min(range(1, 17), key=lambda n: abs(count(n) - target))
 
 
+def schedule(config, steps: int, evals: int) -> None:
+  """Sets a run of `steps` steps in place: `evals` val evaluations, about 8 log lines, one
+  checkpoint at the end; then validates the config."""
+  config.train.steps = steps
+  config.train.eval_every = max(1, steps // max(evals, 1))
+  config.train.log_every = max(1, min(25, steps // 8))
+  config.train.checkpoint_every = steps
+  config_defaults.validate(config)
+
+
 def capped(docs, max_docs: int, doc_bytes: int):
   """The first max_docs documents (0: all), each cut to its first doc_bytes bytes (0: whole)."""
   docs = docs[:max_docs] if max_docs else docs
@@ -152,9 +162,9 @@ def evaluate_method(method, config, result, data_splits, key, eval_cap, passage)
     shown, actions, probs = segmentation.boundaries_for(
         ckpt.model, ckpt.params, passage, config.data.seq_len, key, 'greedy'
     )
-    result['passage'] = {
-        'actions': [float(a) for a in actions],
-        'probs': [float(p) for p in probs],
+    result['passage'] = {  # Stage 0's boundaries; the rendering shows every level.
+        'actions': [float(a) for a in actions[0]],
+        'probs': [float(p) for p in probs[0]],
         'rendered': segmentation.render(shown, actions),
     }
   result['params'] = int(ckpt.trainer.num_params)
@@ -277,11 +287,7 @@ def compare(
   if 'flat' in configs:
     configs['flat'].model.num_layers = match_flat_layers(configs['flat'], hier_params)
   for c in configs.values():
-    c.train.steps = steps
-    c.train.eval_every = max(1, steps // max(evals, 1))
-    c.train.log_every = max(1, min(25, steps // 8))
-    c.train.checkpoint_every = steps
-    config_defaults.validate(c)
+    schedule(c, steps, evals)
   splits = pipeline.load_splits(base.data, corpus)
   passage = paragraph(splits['test'], base.data.seq_len - 1)
   key = jax.random.PRNGKey(1234)

@@ -62,6 +62,26 @@ def build_model(config):
       remat=tuple(opts['remat'][s] for s in ('encoder', 'main', 'decoder')),
       scan_layers=opts['scan_layers'],
       attention=opts['attention'],
+      **inner_stages(config),
+  )
+
+
+def inner_stages(config) -> dict:
+  """HierarchicalByteLM's arguments for stages 1..S-1 (config.model.stages, config.stages)."""
+  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top  (it imports models)
+
+  n = config_defaults.stage_count(config)
+  if n == 1:
+    return {}
+  st = config.stages
+  return dict(
+      inner_boundaries=tuple(
+          build_boundary(config_defaults.stage_config(config, s)) for s in range(1, n)
+      ),
+      inner_capacity=tuple(st.capacity),
+      inner_encoder_layers=tuple(st.encoder_layers),
+      inner_decoder_layers=tuple(st.decoder_layers),
+      inner_window=tuple(st.window),
   )
 
 

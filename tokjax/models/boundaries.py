@@ -103,6 +103,24 @@ class Boundaries:
   chunk_ema: Any = None
 
 
+def restrict_to_valid(bnd: Boundaries, valid) -> Boundaries:
+  """Boundaries over a padded sequence (an inner stage's chunks): n valid positions, then padding.
+
+  valid: bool[B, N], True on a prefix of each row. The convention then applies to the valid prefix:
+  its last position n - 1 is a forced boundary (it closes the last chunk, as position L - 1 does for
+  bytes), padding holds no boundary, and neither is a decision of the policy. The method's own room
+  rule already kept one slot free for a final boundary at or after n - 1, so capacity still holds.
+  """
+  n = jnp.sum(valid, axis=-1, keepdims=True)
+  last = jnp.arange(valid.shape[-1]) == n - 1
+  inside = valid & ~last
+  return bnd.replace(
+      actions=jnp.where(last, 1.0, jnp.where(valid, bnd.actions, 0.0)),
+      free=bnd.free & inside,
+      dropped=jnp.where(inside, bnd.dropped, 0.0),
+  )
+
+
 def bernoulli_log_prob(logits, actions):
   """log pi(a) for a ~ Bernoulli(sigmoid(logits)), elementwise."""
   return jnp.where(actions > 0.5, jax.nn.log_sigmoid(logits), jax.nn.log_sigmoid(-logits))
@@ -265,6 +283,7 @@ registry.register(
         ),
         score_function=True,
         sampling=True,
+        inner_stages=True,
         description='the learned policy, trained by the score function (the paper)',
         validate=_validate,
     )

@@ -1,9 +1,29 @@
-"""The hierarchical byte LM ("autoregressive U-Net") with a pluggable boundary method.
+"""The hierarchical byte LM ("autoregressive U-Net") with a pluggable boundary method at every stage.
+
+One stage (the paper's model):
 
   bytes -> embed -> encoder byte layers (sliding window) -> h ----------------> early-exit head
                                                             |-> boundary method -> actions a
   h, a -> select-downsample -> main chunk layers (full causal attention, RoPE at byte positions)
        -> distribute-add upsample (+ h) -> decoder byte layers (sliding window) -> LM head
+
+S stages (config.model.stages) nest the same pattern: stage s >= 1 takes the chunks of stage s - 1 as
+its input sequence (N_s = capacity of stage s - 1 positions, the valid ones a prefix, each at the byte
+position where that chunk ends), runs its own encoder layers over them, draws boundaries over them
+with its own method, hands its chunks to stage s + 1 (the main layers after the last stage), adds the
+result back by distribute-add upsampling and runs its own decoder layers; stage 0 does this over bytes.
+
+  bytes -> enc_0 -> bnd_0 -> down -> enc_1 -> bnd_1 -> down -> main -> up (+h_1) -> dec_1 -> up (+h_0)
+        -> dec_0 -> LM head
+
+Every stage keeps the boundary convention of tokjax.models.boundaries on its own sequence (its input
+position 0 and its last valid position are forced boundaries; see `boundaries.restrict_to_valid`), so
+each level reads only complete chunks and the whole model stays causal in bytes.
+
+Early exits: stage 0's head reads h_0 (as in the paper). Stage s >= 1 has its own head on
+h_0 + (h_s brought to bytes), where byte t reads h_s at the latest stage-s input position complete at
+t. h_s depends on the decisions of stages below s but not on stage s's own, which is what lets it serve
+as the baseline of stage s's score function (tokjax/estimator.py) without bias.
 
 Any module with the `BoundaryPolicy` call signature can draw the boundaries (the score-function policy,
 straight-through routers, fixed rules): the model does not know how they were made.
@@ -15,6 +35,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from tokjax.data import PAD_ID
+from tokjax.models import boundaries as bd
 from tokjax.models import chunking, layers
 
 
@@ -40,6 +62,13 @@ class HierarchicalByteLM(nn.Module):
   remat: tuple[str, str, str] = ('none', 'none', 'none')
   scan_layers: bool = False
   attention: str = 'blocked'
+  # Stages 1..S-1 (empty for the one-stage model), one entry each: boundary module, chunk capacity,
+  # encoder and decoder layers over the stage's input chunks, their attention width in bytes.
+  inner_boundaries: tuple = ()
+  inner_capacity: tuple[int, ...] = ()
+  inner_encoder_layers: tuple[int, ...] = ()
+  inner_decoder_layers: tuple[int, ...] = ()
+  inner_window: tuple[int, ...] = ()
 
   def stack_args(self, which: str) -> tuple:
     """`layers.Stack`'s arguments for stack `which` ('encoder' | 'main' | 'decoder')."""
@@ -52,6 +81,29 @@ class HierarchicalByteLM(nn.Module):
     remat = self.remat[('encoder', 'main', 'decoder').index(which)]
     return (n, h, mlp, window, self.dtype, remat, self.scan_layers, self.attention)
 
+  def inner_stack_args(self, s: int, layers_: int) -> tuple:
+    """`layers.Stack`'s arguments for the encoder or decoder of stage s >= 1 (chunk layers)."""
+    mlp, remat = self.main_mlp_ratio * self.d_model, self.remat[1]
+    window = self.inner_window[s - 1]
+    return (
+        layers_,
+        self.num_heads,
+        mlp,
+        window,
+        self.dtype,
+        remat,
+        self.scan_layers,
+        self.attention,
+    )
+
+  @property
+  def stages(self) -> int:
+    return 1 + len(self.inner_boundaries)
+
+  def capacities(self) -> tuple[int, ...]:
+    """Chunk buffer of every stage, stage 0 first."""
+    return (self.capacity,) + tuple(self.inner_capacity)
+
   def setup(self):
     self.embed = layers.Embed(self.vocab_size, self.d_model, self.dtype)
     self.encoder = layers.Stack(*self.stack_args('encoder'))
@@ -59,6 +111,14 @@ class HierarchicalByteLM(nn.Module):
     self.decoder = layers.Stack(*self.stack_args('decoder'))
     self.early_head = layers.LMHead(self.vocab_size, self.dtype)
     self.head = layers.LMHead(self.vocab_size, self.dtype)
+    inner = range(1, self.stages)
+    self.inner_encoders = [
+        layers.Stack(*self.inner_stack_args(s, self.inner_encoder_layers[s - 1])) for s in inner
+    ]
+    self.inner_decoders = [
+        layers.Stack(*self.inner_stack_args(s, self.inner_decoder_layers[s - 1])) for s in inner
+    ]
+    self.inner_early_heads = [layers.LMHead(self.vocab_size, self.dtype) for _ in inner]
     if self.value_head:
       self.critic = Critic(self.d_model)
 
@@ -101,24 +161,94 @@ class HierarchicalByteLM(nn.Module):
     return out
 
   def _decode(self, h, tokens, early_logits, key, mode, actions, **boundary_kwargs):
-    """Boundaries, main and decoder stacks on encoder states h: [B, L, D] (see __call__)."""
-    bnd = self.boundary(
-        h,
-        key,
-        mode=mode,
-        actions=actions,
-        tokens=tokens,
-        early_logits=early_logits,
-        **boundary_kwargs
-    )
-    chunks, ends, valid = chunking.downsample(h, bnd.actions, self.capacity)
-    chunk_out = self.main(chunks, ends, valid)
-    if bnd.chunk_ema is not None:
-      chunk_out = chunking.ema_chunks(chunk_out, bnd.chunk_ema, ends)
-    x = chunking.upsample(h, chunk_out, bnd.actions, bnd.chunk_gate)
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    logits = self.head(self.decoder(x, positions))
-    return {'logits': logits, 'early_logits': early_logits, 'boundaries': bnd, 'chunk_valid': valid}
+    """Boundaries of every stage, the main stack and the decoders on encoder states h: [B, L, D].
+
+    actions (mode 'given'): float32[B, L] for one stage, or a tuple with one array per stage
+    (stage s >= 1: [B, N_s], N_s = capacity of stage s - 1). Returns logits, early_logits (stage 0),
+    boundaries and chunk_valid: bool[B, C_0] of stage 0 (as for the one-stage model) and, with S > 1,
+    `inner`: one dict per stage s >= 1 with boundaries and valid: bool[B, N_s] over its input
+    positions, positions: int32[B, N_s] (the byte each input position ends at; L on padding),
+    tokens: int32[B, N_s] (that byte; PAD on padding) and early_logits: float32[B, L, V].
+    """
+    given = actions if isinstance(actions, (tuple, list)) else (actions,) * self.stages
+    boundaries_ = (self.boundary,) + tuple(self.inner_boundaries)
+    b, l = tokens.shape
+    x, positions = h, jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
+    valid, stage_tokens = None, tokens
+    levels = []  # Per stage: its input x, positions, valid, tokens, boundaries and chunk ends.
+    for s, capacity in enumerate(self.capacities()):
+      bnd = boundaries_[s](
+          x,
+          key if s == 0 else jax.random.fold_in(key, s),
+          mode=mode,
+          actions=given[s],
+          tokens=stage_tokens,
+          early_logits=early_logits if s == 0 else None,
+          **boundary_kwargs,
+      )
+      if s > 0:
+        bnd = bd.restrict_to_valid(bnd, valid)
+      chunks, index, chunk_valid = chunking.downsample(x, bnd.actions, capacity)
+      n = x.shape[1]
+      at = jnp.minimum(index, n - 1)
+      levels.append(
+          dict(
+              x=x,
+              positions=positions,
+              valid=valid,
+              tokens=stage_tokens,
+              boundaries=bnd,
+              index=index,
+              chunk_valid=chunk_valid,
+          )
+      )
+      # Where each chunk ends, in bytes (L for empty slots), and the byte it ends on (PAD there).
+      positions = jnp.where(chunk_valid, jnp.take_along_axis(positions, at, axis=1), l)
+      stage_tokens = jnp.where(chunk_valid, jnp.take_along_axis(stage_tokens, at, axis=1), PAD_ID)
+      valid = chunk_valid
+      if s + 1 < self.stages:
+        x = self.inner_encoders[s](chunks, positions, valid)
+      else:
+        out = self.main(chunks, positions, valid)
+    for s in reversed(range(self.stages)):
+      lv = levels[s]
+      bnd = lv['boundaries']
+      if bnd.chunk_ema is not None:
+        out = chunking.ema_chunks(out, bnd.chunk_ema, lv['index'])
+      out = chunking.upsample(lv['x'], out, bnd.actions, bnd.chunk_gate)
+      if s > 0:
+        out = self.inner_decoders[s - 1](out, lv['positions'], lv['valid'])
+    logits = self.head(self.decoder(out, levels[0]['positions']))
+    result = {
+        'logits': logits,
+        'early_logits': early_logits,
+        'boundaries': levels[0]['boundaries'],
+        'chunk_valid': levels[0]['chunk_valid'],
+    }
+    if self.stages > 1:
+      result['inner'] = [
+          dict(
+              boundaries=lv['boundaries'],
+              valid=lv['valid'],
+              positions=lv['positions'],
+              tokens=lv['tokens'],
+              early_logits=self.inner_early_heads[s - 1](h + self.to_bytes(lv['x'], levels[:s])),
+          )
+          for s, lv in enumerate(levels)
+          if s > 0
+      ]
+    return result
+
+  @staticmethod
+  def to_bytes(x, below):
+    """States x: [B, N_s, D] of stage s's input positions brought to bytes: [B, L, D].
+
+    below: the levels of stages 0..s-1. Byte t takes x at the latest stage-s input position complete
+    at t (the chunk of stage s - 1 that last ended at or before t, and so on down to bytes).
+    """
+    for lv in reversed(below):
+      x = chunking.upsample(jnp.zeros(lv['x'].shape, x.dtype), x, lv['boundaries'].actions)
+    return x
 
 
 class Critic(nn.Module):
@@ -146,3 +276,20 @@ class Critic(nn.Module):
         dtype=jnp.float32,
         kernel_init=nn.with_logical_partitioning(nn.initializers.zeros, ('mlp', None)),
     )(x)[..., 0]
+
+
+def boundaries_in_bytes(out) -> list:
+  """Every stage's chunk ends marked on bytes: a list of S float32[B, L], stage 0 first.
+
+  out: the model's output. Entry s is 1 at byte t when t is the last byte of a chunk of stage s (a
+  stage-s chunk ends where its last input chunk ends), so entry s + 1 <= entry s everywhere.
+  """
+  first = out['boundaries'].actions
+  levels = [first]
+  for stage in out.get('inner', []):
+    b, l = first.shape
+    at = jnp.where(stage['valid'], stage['positions'], l)  # Padding lands out of range: dropped.
+    rows = jnp.broadcast_to(jnp.arange(b)[:, None], at.shape)
+    ends = stage['boundaries'].actions * stage['valid']
+    levels.append(jnp.zeros((b, l), first.dtype).at[rows, at].max(ends, mode='drop'))
+  return levels

@@ -28,6 +28,8 @@ class BoundaryMethod:
     method without it gets no policy gradient and no rate loss from the estimator (its own rate
     control, if any, is `Boundaries.aux_loss`).
   sampling: mode 'sample' draws boundaries at random (else 'sample' and 'greedy' are the same rule).
+  inner_stages: it can also draw boundaries over the chunks of a stage below (config.stages.method):
+    it reads only its input states h and, as `tokens`, the byte at each input position's end.
   description: one line for listings (--methods help, configs/compare.py, README).
   validate: optional config -> None that raises UserError for bad settings of this method.
   """
@@ -37,6 +39,7 @@ class BoundaryMethod:
   defaults: dict = dataclasses.field(default_factory=dict)
   score_function: bool = False
   sampling: bool = False
+  inner_stages: bool = False
   description: str = ''
   validate: Callable[[Any], None] | None = None
 

@@ -110,6 +110,7 @@ registry.register(
             prior_weight=1.0,  # Weight of the binomial rate prior.
         ),
         sampling=True,
+        inner_stages=True,
         description='dynamic token pooling: Gumbel-sigmoid, straight-through, binomial prior',
         validate=_validate,
     )

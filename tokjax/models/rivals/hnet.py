@@ -87,6 +87,7 @@ registry.register(
             ratio_weight=c.boundary.hnet.ratio_weight,
         ),
         defaults=dict(ratio_weight=0.03),  # Weight of H-Net's ratio loss in the total loss.
+        inner_stages=True,
         description='H-Net dynamic chunking: cosine routing, straight-through, ratio loss',
     )
 )

@@ -95,6 +95,7 @@ registry.register(
     registry.BoundaryMethod(
         name='stride',
         build=lambda c: Stride(target_rate=c.boundary.target_rate, capacity=c.model.capacity),
+        inner_stages=True,
         description='fixed stride: a chunk every round(1 / target_rate) bytes',
     )
 )
@@ -103,6 +104,7 @@ registry.register(
         name='uniform',
         build=lambda c: Uniform(target_rate=c.boundary.target_rate, capacity=c.model.capacity),
         sampling=True,
+        inner_stages=True,
         description='round(target_rate * L) boundaries at uniformly random positions',
     )
 )

@@ -1,0 +1,558 @@
+"""The multi-stage hierarchy (config.model.stages > 1): one stage is today's model, the two-stage model
+is causal in bytes at both levels, each stage's score function is unbiased (exact enumeration), the
+sharded two-stage step equals one device, a two-stage run resumes exactly, and bad stage settings are
+one clear error.
+
+The sharded step runs in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8 (set
+before jax is imported): this file is also that script (`python tests/test_multistage.py sharded`),
+printing one JSON line of measurements, and reuses tests/test_sharding.py's batches and tolerances.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARDED_MESH = (2, 2, 2)  # (data, fsdp, tensor): all 8 devices, the batch split 4 ways.
+
+
+# ------------------------------------------------------------------------------ model helpers
+
+
+def _two_stage(w0=1, w1=1, c0=16, c1=6, r0=0.3, r1=0.4, d=32, byte_window=8, inner_window=0):
+  """A policy/policy two-stage HierarchicalByteLM (one layer per stack, scale 1 for w > 1)."""
+  from tokjax.models import boundaries as bd  # pylint: disable=g-import-not-at-top
+  from tokjax.models import hierarchical  # pylint: disable=g-import-not-at-top
+
+  return hierarchical.HierarchicalByteLM(
+      258,
+      d,
+      2,
+      1,
+      1,
+      1,
+      bd.BoundaryPolicy(target_rate=r0, window=w0, scale=1.0, capacity=c0),
+      byte_window=byte_window,
+      capacity=c0,
+      inner_boundaries=(bd.BoundaryPolicy(target_rate=r1, window=w1, scale=1.0, capacity=c1),),
+      inner_capacity=(c1,),
+      inner_encoder_layers=(1,),
+      inner_decoder_layers=(1,),
+      inner_window=(inner_window,),
+  )
+
+
+def _init(model, *args):
+  """model's params for args. Drawn with the 'unsafe_rbg' generator: XLA compiles threefry once per
+  parameter, which made initialisation most of these tests' CPU time; the values play no role."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+
+  return nn.unbox(model.init(jax.random.key(0, impl='unsafe_rbg'), *args))['params']
+
+
+def _small_config(stages=1, window=1):
+  """base_config at test size (d_model 32, L 32, capacity 12); stage 1 (if any) policy at rate 0.4."""
+  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+
+  c = config_defaults.base_config()
+  c.model.update(
+      d_model=32,
+      num_heads=2,
+      encoder_layers=1,
+      main_layers=1,
+      decoder_layers=1,
+      byte_window=8,
+      capacity=12,
+  )
+  c.data.update(seq_len=32, batch_size=4)
+  c.boundary.policy.window = window
+  c.model.stages = stages
+  if stages > 1:
+    c.stages.update(
+        method=('policy',) * (stages - 1),
+        target_rate=(0.4,) * (stages - 1),
+        capacity=(6,) * (stages - 1),
+        encoder_layers=(1,) * (stages - 1),
+        decoder_layers=(1,) * (stages - 1),
+        window=(0,) * (stages - 1),
+    )
+  return c
+
+
+def _batch(b=4, l=32, seed=0):
+  rng = np.random.default_rng(seed)
+  toks = rng.integers(97, 123, (b, l + 1)).astype(np.int32)
+  toks[rng.random((b, l + 1)) < 0.2] = 32
+  mask = np.ones((b, l), np.float32)
+  mask[-1, l - 7 :] = 0.0
+  return dict(inputs=toks[:, :-1], targets=toks[:, 1:], mask=mask)
+
+
+# ------------------------------------------------------------------------------ 1. one stage
+
+
+def test_one_stage_is_todays_model_composed_from_its_parts():
+  """model.stages = 1: no inner_* parameters, and the objective equals the one-stage model composed
+  by hand (embed -> encoder -> boundary -> downsample -> main -> upsample -> decoder -> head, the
+  paper's loss with the estimator's terms) for the same parameters and key."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from tokjax import estimator, losses, models  # pylint: disable=g-import-not-at-top
+  from tokjax.models import chunking  # pylint: disable=g-import-not-at-top
+
+  c = _small_config(stages=1, window=4)  # The sequential policy: its scan is part of the key path.
+  c.model.capacity = 6  # Overflow: the capacity rule is part of today's model.
+  model = models.build_model(c)
+  batch = {k: jnp.asarray(v) for k, v in _batch().items()}
+  key = jax.random.PRNGKey(3)
+  params = _init(model, *models.init_args(c, 4, 32))
+  assert not [k for k in params if k.startswith('inner')], list(params)
+  # Spread the policy so that boundaries (and overflow) vary between rows.
+  params['boundary']['proj']['kernel'] = params['boundary']['proj']['kernel'] * 40.0
+
+  loss, (metrics, _) = jax.jit(models.objective(c, model))(params, batch, key, 0)
+
+  @jax.jit
+  def reference(params):
+    """The one-stage model and the paper's loss, composed from the submodules and primitives."""
+    tokens, targets, mask = batch['inputs'], batch['targets'], batch['mask']
+    m = model.bind({'params': params})
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    h = m.encoder(m.embed(tokens), positions)
+    early = m.early_head(h)
+    bnd = m.boundary(h, key, mode='sample', actions=None, tokens=tokens, early_logits=early)
+    chunks, ends, valid = chunking.downsample(h, bnd.actions, c.model.capacity)
+    y = chunking.upsample(h, m.main(chunks, ends, valid), bnd.actions, bnd.chunk_gate)
+    logits = m.head(m.decoder(y, positions))
+    ce_full = losses.cross_entropy(logits, targets) * mask
+    ce_early = losses.cross_entropy(early, targets) * mask
+    est = c.estimator
+    rl, _ = estimator.score_function_terms(ce_full, ce_early, bnd, mask, est)
+    mean = lambda x: jnp.sum(x) / jnp.sum(mask)
+    want = (1 - est.lambda_early) * mean(ce_full) + est.lambda_early * mean(ce_early) + rl
+    return logits, bnd, want + bnd.aux_loss
+
+  logits, bnd, want = reference(params)
+  assert float(bnd.dropped.sum()) > 0  # The overflow path ran.
+  out = jax.jit(model.apply)({'params': params}, batch['inputs'], key)
+  np.testing.assert_array_equal(out['boundaries'].actions, bnd.actions)
+  np.testing.assert_allclose(out['logits'], logits, atol=1e-5)
+  assert 'inner' not in out
+  np.testing.assert_allclose(loss, want, rtol=1e-6, atol=1e-6)
+  assert not [k for k in metrics if k.startswith('stage')]
+
+
+def test_second_stage_leaves_stage_zero_unchanged():
+  """A two-stage model holds the one-stage parameters plus inner_* ones; with the same stage-0
+  parameters and key it draws the same stage-0 boundaries and early exit as the one-stage model."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from tokjax import models  # pylint: disable=g-import-not-at-top
+
+  one, two = (models.build_model(_small_config(s)) for s in (1, 2))
+  args = models.init_args(_small_config(1), 4, 32)
+  p1, p2 = _init(one, *args), _init(two, *args)
+  inner = {k for k in p2 if k.startswith('inner')}
+  assert inner and set(p2) - inner == set(p1)
+  shared = {k: v for k, v in p2.items() if k not in inner}
+  assert jax.tree.structure(shared) == jax.tree.structure(p1)
+  tokens = _batch()['inputs']
+  key = jax.random.PRNGKey(7)
+  a = jax.jit(one.apply)({'params': shared}, tokens, key)
+  b = jax.jit(two.apply)({'params': p2}, tokens, key)
+  for field in ('actions', 'log_probs', 'free', 'dropped'):
+    np.testing.assert_array_equal(
+        getattr(a['boundaries'], field), getattr(b['boundaries'], field), err_msg=field
+    )
+  np.testing.assert_array_equal(a['early_logits'], b['early_logits'])
+  assert float(b['inner'][0]['boundaries'].actions.sum()) > 0
+  assert np.abs(np.asarray(a['logits'] - b['logits'])).max() > 1e-4  # Stage 1 is really there.
+
+
+# ------------------------------------------------------------------------------ 2. causality
+
+
+def _perturb_after(tokens, t):
+  return tokens.at[:, t + 1 :].set((tokens[:, t + 1 :] + 101) % 256)
+
+
+@pytest.mark.parametrize('w0,w1,inner_window', [(1, 1, 0), (4, 3, 24)])
+def test_two_stage_model_is_causal_at_both_levels_with_overflow(w0, w1, inner_window):
+  """With a fixed key, bytes after t change no logit (full or any early exit), no stage-0 decision at
+  or before t and no stage-1 decision whose input chunk ends at or before t; small capacities make
+  both levels overflow (dropped decisions depend on earlier ones)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from tokjax.models import hierarchical  # pylint: disable=g-import-not-at-top
+
+  model = _two_stage(w0, w1, c0=20, c1=6, r0=0.5, r1=0.5, inner_window=inner_window)
+  key = jax.random.PRNGKey(3)
+  tokens = jax.random.randint(jax.random.PRNGKey(4), (3, 64), 0, 256)
+  params = {'params': _init(model, tokens, key)}
+  apply = jax.jit(model.apply)
+  base = apply(params, tokens, key)
+  fields = ('actions', 'probs', 'log_probs', 'free', 'dropped')
+  assert float(base['boundaries'].dropped.sum()) > 0  # Stage 0 overflowed...
+  assert float(base['inner'][0]['boundaries'].dropped.sum()) > 0  # ...and stage 1 too.
+  for t in (0, 6, 13, 30, 62):
+    out = apply(params, _perturb_after(tokens, t), key)
+    logits = [('logits', base['logits'], out['logits'])]
+    logits.append(('early_logits', base['early_logits'], out['early_logits']))
+    logits.append(
+        ('stage1 early', base['inner'][0]['early_logits'], out['inner'][0]['early_logits'])
+    )
+    for name, x, y in logits:
+      np.testing.assert_array_equal(x[:, : t + 1], y[:, : t + 1], err_msg=f'{name} t={t}')
+    for field in fields:
+      np.testing.assert_array_equal(
+          getattr(base['boundaries'], field)[:, : t + 1],
+          getattr(out['boundaries'], field)[:, : t + 1],
+          err_msg=f'stage 0 {field} t={t}',
+      )
+    s0, s1 = base['inner'][0], out['inner'][0]
+    done = np.asarray(s0['positions'] <= t)  # Stage-1 inputs complete at t.
+    for name in ('positions', 'valid', 'tokens'):
+      np.testing.assert_array_equal(
+          np.asarray(s0[name])[done], np.asarray(s1[name])[done], err_msg=f'{name} t={t}'
+      )
+    for field in fields:
+      np.testing.assert_array_equal(
+          np.asarray(getattr(s0['boundaries'], field))[done],
+          np.asarray(getattr(s1['boundaries'], field))[done],
+          err_msg=f'stage 1 {field} t={t}',
+      )
+    for s, (x, y) in enumerate(
+        zip(hierarchical.boundaries_in_bytes(base), hierarchical.boundaries_in_bytes(out))
+    ):
+      np.testing.assert_array_equal(x[:, : t + 1], y[:, : t + 1], err_msg=f'ends {s} t={t}')
+    assert np.abs(np.asarray(base['logits'][:, t + 1 :] - out['logits'][:, t + 1 :])).max() > 1e-3
+  # The comparisons covered stage-1 decisions that the policy made (not only forced ones).
+  assert np.any(np.asarray(base['inner'][0]['boundaries'].free))
+
+
+# ------------------------------------------------------------------------------ 3. unbiasedness
+
+
+def _joint_actions(l, c0, c1):
+  """Every executable joint (stage-0, stage-1) action pair of one sequence of l bytes.
+
+  Returns (a0: float32[R, l], a1: float32[R, c0]): stage 0 with forced ends and at most c0 - 2 free
+  boundaries; stage 1 over the n chunks of that row (forced at 0 and n - 1, zero on padding) with at
+  most c1 - 2 free boundaries. Each executable pair appears once.
+  """
+  import itertools  # pylint: disable=g-import-not-at-top
+
+  rows0, rows1 = [], []
+  for bits0 in itertools.product((0, 1), repeat=l - 2):
+    if sum(bits0) > c0 - 2:
+      continue
+    a0 = (1, *bits0, 1)
+    n = sum(a0)
+    for bits1 in itertools.product((0, 1), repeat=max(n - 2, 0)):
+      if sum(bits1) > c1 - 2:
+        continue
+      a1 = ((1, *bits1, 1) if n > 1 else (1,)) + (0,) * (c0 - n)
+      rows0.append(a0)
+      rows1.append(a1)
+  return np.asarray(rows0, np.float32), np.asarray(rows1, np.float32)
+
+
+def test_each_stage_score_function_is_unbiased_by_exact_enumeration():
+  """Two stages, L = 7 bytes, capacities 4 (stage 0) and 3 (stage 1), so both levels' capacity rules
+  bind: over every joint action pair, sum_a pi(a) * (stage s's estimate) equals grad_s E[sum_t
+  CE_full(t)] / L for each stage's own policy parameters, with rewards against that stage's early
+  exit, gamma = 1 and no batch baseline.
+
+  This holds because stage s's early exit does not depend on stage s's own decisions (its head reads
+  the states of stage s's input): the same estimator with a baseline that does (CE_full itself, so
+  r = 0 on stage 1) fails the comparison, which shows the test can detect a biased baseline.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  from tokjax import estimator, losses  # pylint: disable=g-import-not-at-top
+  from tokjax.models import boundaries as bd  # pylint: disable=g-import-not-at-top
+
+  l, c0, c1 = 7, 4, 3
+  model = _two_stage(3, 2, c0=c0, c1=c1, r0=0.4, r1=0.4, d=16, byte_window=4)
+  tokens1 = jax.random.randint(jax.random.PRNGKey(11), (1, l), 0, 256)
+  targets1 = jax.random.randint(jax.random.PRNGKey(12), (1, l), 0, 256)
+  params = _init(model, tokens1, jax.random.PRNGKey(0))
+  # Spread both policies' probabilities so that every gradient is far from zero.
+  for name in ('boundary', 'inner_boundaries_0'):
+    params[name]['proj']['kernel'] = params[name]['proj']['kernel'] * 10.0
+  a0, a1 = _joint_actions(l, c0, c1)
+  r = a0.shape[0]
+  tokens, targets = jnp.tile(tokens1, (r, 1)), jnp.tile(targets1, (r, 1))
+  mask = jnp.ones((r, l), jnp.float32)
+
+  def forward(p):
+    out = model.apply({'params': p}, tokens, jax.random.PRNGKey(0), 'given', (a0, a1))
+    return out, out['boundaries'], out['inner'][0]
+
+  cfg = ml_collections.ConfigDict(
+      dict(
+          reward='early_exit',
+          baseline='none',
+          gamma=1.0,
+          lambda_rl=1.0,
+          lambda_rate=0.0,
+          rate_loss=False,
+          target_rate=0.4,
+      )
+  )
+
+  def log_prob(bnd):
+    return jnp.sum(jnp.where(bnd.free, bnd.log_probs, 0.0), axis=-1)
+
+  def policy_loss(bnd, ce_full, ce_early, positions):
+    """Stage's score-function loss on each pair alone: float32[R]."""
+
+    def one(ce_f, ce_e, fields, pos):
+      row = bd.Boundaries(*(x[None] for x in fields))
+      loss, _ = estimator.score_function_terms(
+          ce_f[None], ce_e[None], row, mask[:1], cfg, positions=None if pos is None else pos[None]
+      )
+      return loss
+
+    fields = (bnd.actions, bnd.logits, bnd.probs, bnd.log_probs, bnd.free, bnd.dropped)
+    return jax.vmap(one)(ce_full, ce_early, fields, positions)
+
+  @jax.jit
+  def measure(p):
+    """The executed actions, sum of pi over the pairs, and the gradients (w.r.t. p) of: E[sum_t
+    CE_full] / L (exact), and per stage sum_a pi(a) * estimate(a) with pi(a) held fixed (the mean
+    estimate; stage 1 also with CE_full as its baseline)."""
+    # Every quantity depends on p only through the two stages' log-probabilities (the rate loss is
+    # off), so one pullback through the model, batched over the four cotangents, gives all four.
+    (out, b0, st1), pullback = jax.vjp(forward, p)
+    b1 = st1['boundaries']
+    stop = jax.lax.stop_gradient
+    ce_full = stop(losses.cross_entropy(out['logits'], targets))
+    ce_early = [
+        stop(losses.cross_entropy(e, targets)) for e in (out['early_logits'], st1['early_logits'])
+    ]
+    prob = stop(jnp.exp(log_prob(b0) + log_prob(b1)))
+    f = jnp.sum(ce_full, -1)
+    f = f - jnp.mean(f)  # Centred for float32 accuracy: sum_a grad pi(a) = 0.
+
+    def expected(lp0, lp1):
+      joint = jnp.exp(log_prob(b0.replace(log_probs=lp0)) + log_prob(b1.replace(log_probs=lp1)))
+      return jnp.sum(joint * f) / l
+
+    def estimate(lp0, lp1, stage, baseline_ce):
+      if stage == 0:
+        return jnp.sum(prob * policy_loss(b0.replace(log_probs=lp0), ce_full, baseline_ce, None))
+      loss = policy_loss(b1.replace(log_probs=lp1), ce_full, baseline_ce, st1['positions'])
+      return jnp.sum(prob * loss)
+
+    lps = (b0.log_probs, b1.log_probs)
+    cotangents = [
+        jax.grad(expected, (0, 1))(*lps),
+        jax.grad(estimate, (0, 1))(*lps, 0, ce_early[0]),
+        jax.grad(estimate, (0, 1))(*lps, 1, ce_early[1]),
+        jax.grad(estimate, (0, 1))(*lps, 1, ce_full),
+    ]
+
+    def pull(d0, d1):
+      zeros = jax.tree.map(jnp.zeros_like, (out, b0, st1))
+      cot = (zeros[0], zeros[1].replace(log_probs=d0), dict(zeros[2]))
+      cot[2]['boundaries'] = zeros[2]['boundaries'].replace(log_probs=d1)
+      return pullback(cot)[0]
+
+    stacked = jax.vmap(pull)(*(jnp.stack(x) for x in zip(*cotangents)))
+    grads = {
+        k: jax.tree.map(lambda x, i=i: x[i], stacked)
+        for i, k in enumerate(('exact', 'stage0', 'stage1', 'biased'))
+    }
+    return b0.actions, b1.actions, jnp.sum(prob), grads
+
+  got0, got1, total, grads = measure(params)
+  # Given mode executed every pair as enumerated (nothing dropped or forced differently).
+  np.testing.assert_array_equal(got0, a0)
+  np.testing.assert_array_equal(got1, a1)
+  np.testing.assert_allclose(float(total), 1.0, atol=1e-5)  # The enumeration is complete.
+  exact = grads['exact']
+  for stage, name in ((0, 'boundary'), (1, 'inner_boundaries_0')):
+    want, got = exact[name], grads[f'stage{stage}'][name]
+    scale = max(float(jnp.abs(x).max()) for x in jax.tree.leaves(want))
+    assert scale > 1e-3, (stage, scale)  # A real gradient, not zero.
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_allclose(g, w, atol=1e-4 * scale, rtol=0, err_msg=f'stage {stage}')
+  # A baseline that reads stage 1's own decisions (CE_full itself) biases stage 1's estimate.
+  biased = grads['biased']['inner_boundaries_0']
+  err = max(
+      float(jnp.abs(g - w).max())
+      for g, w in zip(jax.tree.leaves(biased), jax.tree.leaves(exact['inner_boundaries_0']))
+  )
+  assert err > 1e-2 * max(float(jnp.abs(x).max()) for x in jax.tree.leaves(exact)), err
+
+
+# ------------------------------------------------------------------------------ 4. sharded step
+
+
+def _sharded_worker():
+  """Trains test_sharding.STEPS steps of a two-stage policy/policy model on one device and on
+  SHARDED_MESH from the same init, batches and key; returns the measurements."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import test_sharding as ts  # pylint: disable=g-import-not-at-top  (this file's directory)
+
+  from tokjax import sharding, train_state  # pylint: disable=g-import-not-at-top
+
+  config = ts._config('policy')  # pylint: disable=protected-access
+  config.model.capacity = 10  # Overflow at stage 0 (32 bytes at rate 0.2 would rarely fill 16).
+  config.boundary.target_rate = 0.4
+  config.model.stages = 2
+  config.stages.update(
+      method=('policy',),
+      target_rate=(0.4,),
+      capacity=(4,),
+      encoder_layers=(1,),
+      decoder_layers=(1,),
+      window=(0,),
+  )
+  batches = ts._batches(ts.STEPS)  # pylint: disable=protected-access
+  key = jax.random.PRNGKey(1)
+  out, states, init = {'metrics': {}}, {}, None
+  for shape in (ts.SINGLE, SHARDED_MESH):
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(shape))])
+    trainer = train_state.Trainer(config, mesh)
+    state = trainer.init(jax.random.PRNGKey(0))
+    if init is None:
+      init = jax.device_get(state.params)
+    metrics = []
+    for batch in batches:
+      state, m = trainer.train_step(state, sharding.global_batch(batch, mesh), key)
+      metrics.append({k: float(v) for k, v in jax.device_get(m).items()})
+    out['metrics'][str(shape)] = metrics
+    states[shape] = jax.device_get(state)
+  mu = lambda shape: states[shape].opt_state[1][0].mu
+  out['moved'] = ts._max_diff(states[ts.SINGLE].params, init)  # pylint: disable=protected-access
+  out['mu_scale'] = max(float(np.abs(x).max()) for x in jax.tree.leaves(mu(ts.SINGLE)))
+  out['mu_diff'] = ts._max_diff(mu(SHARDED_MESH), mu(ts.SINGLE))  # pylint: disable=protected-access
+  out['param_diff'] = ts._max_diff(  # pylint: disable=protected-access
+      states[SHARDED_MESH].params, states[ts.SINGLE].params
+  )
+  out['inner_params'] = sorted(k for k in init if k.startswith('inner'))
+  out['devices'] = len(jax.devices())
+  return out
+
+
+def test_sharded_two_stage_step_equals_single_device():
+  """Three train steps on 8 simulated devices ((data, fsdp, tensor) = (2, 2, 2)) give the single-
+  device losses and metrics of both stages to 1e-5, and the same gradients (Adam's first moment) and
+  parameters at test_sharding's tolerances."""
+  import test_sharding as ts  # pylint: disable=g-import-not-at-top
+
+  env = dict(
+      os.environ,
+      XLA_FLAGS='--xla_force_host_platform_device_count=8',
+      JAX_PLATFORMS='cpu',
+      TF_CPP_MIN_LOG_LEVEL='3',
+      PYTHONPATH=os.pathsep.join([REPO, os.environ.get('PYTHONPATH', '')]),
+  )
+  proc = subprocess.run(
+      [sys.executable, __file__, 'sharded'],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      check=False,
+      cwd=REPO,
+  )
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out['devices'] == 8 and out['inner_params']
+  base, got = out['metrics'][str(ts.SINGLE)], out['metrics'][str(SHARDED_MESH)]
+  for step, (m, m0) in enumerate(zip(got, base)):
+    assert set(m) == set(m0)
+    for k in m0:
+      assert m[k] == pytest.approx(m0[k], rel=ts.TOL, abs=ts.TOL), (step, k, m[k], m0[k])
+  # Both estimators ran, and both levels overflowed at least once.
+  assert all(base[0][k] != 0.0 for k in ('policy_loss', 'stage1_policy_loss')), base[0]
+  assert max(m['overflow'] for m in base) > 0 and max(m['stage1_overflow'] for m in base) > 0
+  assert out['mu_diff'] < ts.MU_TOL * out['mu_scale'], out
+  assert out['param_diff'] < ts.PARAM_TOL, out
+  assert out['moved'] > 4 * ts.PARAM_TOL  # The steps really updated the parameters.
+
+
+# ------------------------------------------------------------------------------ 5. resume
+
+
+def test_two_stage_run_resumes_exactly(tmp_path):
+  """configs/two_stage.py:learned,tiny for 4 steps (checkpoints at 2 and 4); drop step 4 and resume
+  from 2: steps 3 and 4 log the uninterrupted run's metrics, both stages' included, bit for bit."""
+  from conftest import tiny_config  # pylint: disable=g-import-not-at-top
+
+  from tokjax import checkpointing, config_defaults, train  # pylint: disable=g-import-not-at-top
+  from tokjax.metric_writers import read_metrics  # pylint: disable=g-import-not-at-top
+
+  workdir = str(tmp_path / 'run')
+  c = config_defaults.load('two_stage', 'learned,tiny')
+  small = tiny_config(workdir)
+  c.data.update(small.data.to_dict())
+  c.train.update(steps=4, log_every=1, eval_every=4, checkpoint_every=2, workdir=workdir)
+  c.eval.update(batch_size=4, max_batches=1)
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  train_rows = lambda: {r['step']: r for r in read_metrics(metrics) if r['split'] == 'train'}
+  train.train(c)
+  uninterrupted = train_rows()
+  mgr = checkpointing.manager(workdir)
+  mgr.delete(4)
+  assert mgr.latest_step() == 2
+  kept = [r for r in read_metrics(metrics) if r['step'] <= 2]
+  with open(metrics, 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in kept)
+  train.train(c, resume=True)
+  resumed = train_rows()
+  stage_keys = [k for k in uninterrupted[4] if k.startswith('stage1_')]
+  assert 'stage1_rate' in stage_keys and 'stage1_policy_loss' in stage_keys
+  for step in (3, 4):
+    for k in ['loss', 'rate', *stage_keys]:
+      assert resumed[step][k] == uninterrupted[step][k], (step, k)
+
+
+# ------------------------------------------------------------------------------ 6. bad input
+
+
+@pytest.mark.parametrize(
+    'changes,message',
+    [
+        ({'stages.capacity': (16, 16)}, 'config.stages.capacity has 2 entries'),
+        ({'stages.window': ()}, 'config.stages.window has 0 entries'),
+        ({'stages.capacity': (1,)}, 'config.stages.capacity[0]=1 must be an integer >= 2'),
+        ({'stages.target_rate': (0.0,)}, 'config.stages.target_rate[0]=0.0 must be in (0, 1)'),
+        ({'stages.target_rate': (1.0,)}, 'config.stages.target_rate[0]=1.0 must be in (0, 1)'),
+        ({'stages.target_rate': (-0.5,)}, 'config.stages.target_rate[0]=-0.5 must be in (0, 1)'),
+        ({'model.stages': 0}, 'config.model.stages=0 must be an integer >= 1'),
+        ({'stages.method': ('whitespace',)}, "config.stages.method[0]='whitespace' cannot"),
+        ({'stages.method': ('entropy',)}, "config.stages.method[0]='entropy' cannot"),
+    ],
+)
+def test_bad_stage_settings_are_one_clear_line(changes, message):
+  import re  # pylint: disable=g-import-not-at-top
+
+  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+  from tokjax.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  c = config_defaults.load('two_stage', 'learned,tiny')
+  config_defaults.validate(c)  # The base is valid: the change alone makes it bad.
+  for dotted, value in changes.items():
+    section, key = dotted.split('.')
+    c[section][key] = value
+  with pytest.raises(UserError, match='^' + re.escape(message)) as err:
+    config_defaults.validate(c)
+  assert '\n' not in str(err.value)
+
+
+if __name__ == '__main__':
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  print(json.dumps(_sharded_worker() if sys.argv[1] == 'sharded' else None))

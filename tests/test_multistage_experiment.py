@@ -1,0 +1,78 @@
+"""The multistage command end to end at tiny size (one row per run, equal training FLOPs, per-level
+statistics), its two-level rendering, and the paper-scale two-stage configs' FLOPs budgets."""
+
+import json
+import math
+
+import pytest
+
+from tokjax import config_defaults, flops
+from tokjax.experiments import multistage
+
+
+def _corpus(tmp_path):
+  corpus = tmp_path / 'corpus'
+  corpus.mkdir()
+  line = b'the king and queen of a far land went to see thy noble lord,\nwith all her men. '
+  for i in range(40):
+    (corpus / f'doc{i}.txt').write_bytes((line * 30)[i * 7 :] + b'\n')
+  return corpus
+
+
+def test_multistage_trains_every_run_at_equal_flops_and_reports_each_level(tmp_path):
+  out = tmp_path / 'out'
+  results = multistage.multistage(
+      str(_corpus(tmp_path)),
+      20,
+      str(out),
+      tiny=True,
+      eval_cap=(2, 256),
+      command='test',
+  )
+  runs = list(multistage.RUNS)
+  assert [r['run'] for r in results] == runs
+  readme = (out / 'README.md').read_text()
+  table = readme.split('## Boundaries per level')[0]
+  rows = [line for line in table.splitlines() if line.startswith('| ') and '---' not in line][1:]
+  assert [r.split('|')[1].strip() for r in rows] == runs
+  data = json.loads((out / 'results.json').read_text())
+  by = {r['run']: r for r in data['runs']}
+  assert by['one_stage']['steps'] == 20
+  # Whole steps: each total is within half a step (under 3% here) of the one-stage run's.
+  base = by['one_stage']['planned_flops']
+  for r in data['runs']:
+    assert abs(r['planned_flops'] / base - 1) < 0.03, r['run']
+    cfg = multistage.run_config(r['run'], 'unused', tiny=True)
+    rates = multistage.target_rates(cfg)
+    assert r['planned_flops'] == pytest.approx(flops.step_flops(cfg, rates) * r['steps'])
+    assert math.isfinite(r['test']['bpb']) and 0 < r['test']['bpb'] < 10, r['run']
+    assert math.isfinite(r['test']['bpb_se'])
+    stages = config_defaults.stage_count(cfg)
+    assert len(r['levels']) == stages
+    drawn = r['passage']['levels']
+    assert {m: len(v) for m, v in drawn.items()} == {'greedy': stages, 'sample': stages}
+    for m in r['levels']:
+      assert 0 < m['rate'] <= 1 and m['bytes_per_chunk'] >= 1
+      for k in ('whitespace', 'line', 'phrase'):
+        assert 0 <= m[f'{k}_precision'] <= 1 and 0 <= m[f'{k}_recall'] <= 1
+    # Level 0 is drawn as the bits-per-byte's evaluation drew it (same batches and keys).
+    assert r['levels'][0]['rate'] == pytest.approx(r['test']['rate'])
+    # A level-1 chunk ends where a level-0 chunk ends: never more ends above than below.
+    if stages == 2:
+      assert r['levels'][1]['boundaries'] <= r['levels'][0]['boundaries']
+  # Fixed stride 5 then 3: level 0 at about 1/5 of the bytes (forced ends aside).
+  assert abs(by['stride']['levels'][0]['rate'] - 0.2) < 0.06
+  assert '## Boundaries per level' in readme and '| learned | 1 |' in readme
+  assert all(f'### {run} (' in readme for run in runs)
+
+
+@pytest.mark.parametrize('size', ['147m', '40m'])
+def test_paper_two_stage_configs_match_the_one_stage_flops_per_byte(size):
+  one = config_defaults.load(f'paper_{size}_fineweb')
+  two = config_defaults.load(f'paper_two_stage_{size}')
+  config_defaults.validate(two)
+  assert config_defaults.stage_count(two) == 2
+  ratio = flops.flops_per_byte(two, multistage.target_rates(two)) / flops.flops_per_byte(
+      one, multistage.target_rates(one)
+  )
+  assert abs(ratio - 1) < 0.03, ratio

@@ -1,0 +1,74 @@
+"""configs/two_stage.py's variants through the one trainer: each trains (finite loss, gradients only
+where its methods have them) and each level executes the rule its method declares."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tokjax import config_defaults, sharding, train_state
+from tokjax.models import hierarchical
+
+VARIANTS = list(config_defaults.load_module('two_stage').VARIANTS)
+TEXT = b'the king and queen of a far land went to see thy noble lord with all her men. ' * 4
+
+
+def _trainer(variant):
+  c = config_defaults.load('two_stage', f'{variant},tiny')
+  c.mesh.data = 1
+  config_defaults.validate(c)
+  return c, train_state.Trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
+
+
+def _batch(c):
+  b, l = c.data.batch_size, c.data.seq_len
+  ids = np.frombuffer(TEXT, np.uint8).astype(np.int32)
+  rows = np.stack([ids[i * 7 : i * 7 + l + 1] for i in range(b)])
+  return dict(
+      inputs=jnp.asarray(rows[:, :-1]),
+      targets=jnp.asarray(rows[:, 1:]),
+      mask=jnp.ones((b, l), jnp.float32),
+  )
+
+
+def test_every_variant_is_tested():
+  # learned / learned trains in tests/test_multistage.py (resume, sharding); the rivals here.
+  assert set(VARIANTS) == {'learned', 'hnet', 'whitespace', 'stride'}
+
+
+@pytest.mark.parametrize('variant', ['hnet', 'whitespace', 'stride'])
+def test_variant_trains_and_each_level_follows_its_method(variant):
+  c, trainer = _trainer(variant)
+  batch = _batch(c)
+  state = trainer.init(jax.random.PRNGKey(0))
+  if variant != 'stride':  # Fixed rules at both levels have no boundary parameters to train.
+    before = jax.device_get(state.params)
+    state, metrics = trainer.train_step(state, batch, jax.random.PRNGKey(1))
+    assert np.isfinite(float(metrics['loss'])) and 'stage1_rate' in metrics
+    learned = [m == 'policy' for m in (c.boundary.method, *c.stages.method)]
+    assert ['policy_loss' in metrics, 'stage1_policy_loss' in metrics] == learned
+    # Every boundary method with parameters (policy, H-Net's router) was updated, at both levels.
+    after = jax.device_get(state.params)
+    for name in ('boundary', 'inner_boundaries_0'):
+      if c.boundary.method == 'whitespace' and name == 'boundary':
+        continue
+      moved = jax.tree.map(lambda x, y: float(np.abs(x - y).max()), after[name], before[name])
+      assert jax.tree.leaves(moved) and all(v > 0 for v in jax.tree.leaves(moved)), (name, moved)
+
+  out = trainer.model.apply({'params': state.params}, batch['inputs'], jax.random.PRNGKey(2))
+  levels = [np.asarray(a) for a in hierarchical.boundaries_in_bytes(out)]
+  assert np.all(levels[1] <= levels[0])  # A stage-1 chunk ends where a stage-0 chunk ends.
+  assert np.all(levels[1][:, -1] == 1)  # The last byte closes a chunk at every level.
+  inner = out['inner'][0]
+  valid, acts = np.asarray(inner['valid']), np.asarray(inner['boundaries'].actions)
+  if variant == 'stride':
+    # Stage 0: every 5th byte; stage 1: every 3rd stage-0 chunk (forced first and last aside).
+    assert np.array_equal(levels[0][0, 4:-1:5], np.ones_like(levels[0][0, 4:-1:5]))
+    n = int(valid[0].sum())
+    assert np.array_equal(acts[0, 2 : n - 1 : 3], np.ones_like(acts[0, 2 : n - 1 : 3]))
+    assert acts[0, 1 : n - 1].sum() == len(range(2, n - 1, 3))
+  if variant == 'whitespace':
+    # Stage-0 chunks end at spaces (and at the forced first and last byte).
+    tokens = np.asarray(batch['inputs'])
+    ends = levels[0][:, 1:-1] > 0
+    assert np.all(np.isin(tokens[:, 1:-1][ends], [32, 46]))

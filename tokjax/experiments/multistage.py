@@ -1,0 +1,394 @@
+r"""One stage against two stages of boundaries at equal training FLOPs, with statistics per level.
+
+  python -m tokjax.experiments.multistage --corpus stdlib --steps 300 --batch 8 \
+      --eval_docs 8 --eval_doc_bytes 6144 --out results/multistage/stdlib
+
+Runs (`RUNS`): 'one_stage' (configs/default.py: bytes -> chunks, the score-function policy) and the
+two-stage variants of configs/two_stage.py: 'learned' (policy / policy), 'hnet' (H-Net's router at
+both levels) and 'stride' (fixed stride at both levels). The one-stage run trains --steps steps; every
+other run trains the steps that give it the same training FLOPs, costed by `tokjax.flops.step_flops`
+at the configs' target rates (model FLOPs: the main network on rate x L chunks), so a second stage
+is paid for with fewer steps. The realised FLOPs (at the rates the runs reach on test) are reported
+beside them. Each run trains with `tokjax.train.train` in OUT/RUN (console in OUT/RUN/train.log; a
+run whose OUT/RUN/result.json exists is not retrained, and one without its per-level statistics is
+evaluated again), then is evaluated on the val and test documents (bits-per-byte with its standard
+error over documents, `tokjax.evaluation`, boundaries sampled as in training) and per level of
+boundaries on test (`level_stats`). OUT gets:
+  README.md      the tables, the command, and one held-out passage per run with '|' after every
+                 stage-0 chunk and '||' where a stage-1 chunk ends too (greedy boundaries)
+  results.json   everything in the tables, per run
+"""
+
+import json
+import os
+import sys
+
+from absl import flags, logging
+import jax
+import numpy as np
+
+from tokjax import checkpointing, cli, config_defaults, evaluation, flops, losses, segmentation
+from tokjax.data import pipeline
+from tokjax.errors import UserError
+from tokjax.experiments import compare
+from tokjax.models import hierarchical
+
+# run -> (configs/FILE.py, its variant or None, boundary methods per stage as shown in the tables).
+RUNS = {
+    'one_stage': ('default', None, 'policy'),
+    'learned': ('two_stage', 'learned', 'policy / policy'),
+    'hnet': ('two_stage', 'hnet', 'hnet / hnet'),
+    'stride': ('two_stage', 'stride', 'stride / stride'),
+}
+BASE = 'one_stage'  # Its step count is the command's --steps; the others' follow from FLOPs.
+PHRASE_END = tuple(b'.,;:!?')  # A phrase ends on one of these, or on whitespace right after one.
+# The held-out passage is shown with greedy boundaries (each p > 1/2) and with one sampled draw, as
+# training and the bits-per-byte draw them: a policy still unsure of its boundaries (p < 1/2
+# everywhere) shows none greedily.
+PASSAGE_MODES = ('greedy', 'sample')
+
+
+if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
+  _CORPUS = flags.DEFINE_string(
+      'corpus', 'shakespeare', 'Corpus spec (see tokjax/data/corpora.py).'
+  )
+  _OUT = flags.DEFINE_string('out', 'results/multistage/run', 'Results folder.')
+  _STEPS = flags.DEFINE_integer(
+      'steps', 150, 'Training steps of the one-stage run (the others: equal training FLOPs).'
+  )
+  _BATCH = flags.DEFINE_integer('batch', 0, "Sequences per step of every run (0: the configs').")
+  _RUNS = flags.DEFINE_list('runs', ','.join(RUNS), 'Runs, from ' + ','.join(RUNS))
+  _TINY = flags.DEFINE_bool('tiny', False, 'Tiny models and eval (smoke tests).')
+  _EVAL_DOCS = flags.DEFINE_integer(
+      'eval_docs', 0, 'Evaluate at most this many val and test documents (0 = all).'
+  )
+  _EVAL_DOC_BYTES = flags.DEFINE_integer(
+      'eval_doc_bytes', 0, 'Evaluate at most this many bytes of each document (0 = whole).'
+  )
+  _EVALS = flags.DEFINE_integer('evals', 1, 'Val evaluations during training.')
+  _SEED = flags.DEFINE_integer('seed', 0, 'Seed of every run.')
+
+
+def run_config(run: str, corpus: str, tiny: bool = False, seed: int = 0, batch: int = 0):
+  """The config of `run` (a key of RUNS) with the command's corpus, seed and batch (0: keep)."""
+  file, variant, _ = RUNS[run]
+  if variant is None:
+    c = config_defaults.load(file)
+    if tiny:
+      config_defaults.tiny(c)
+  else:
+    c = config_defaults.load(file, f'{variant},tiny' if tiny else variant)
+  c.data.corpus = corpus
+  c.seed = seed
+  if batch:
+    c.data.batch_size = batch
+  return c
+
+
+def target_rates(config) -> tuple[float, ...]:
+  """Each stage's target rate: stage 0's per byte, stage s's per chunk of stage s - 1."""
+  stages = config_defaults.stage_count(config)
+  return (float(config.boundary.target_rate),) + tuple(
+      float(r) for r in config.stages.target_rate[: stages - 1]
+  )
+
+
+def equal_flops_steps(configs: dict, base_steps: int, base: str = BASE) -> dict:
+  """{run: steps} whose training FLOPs (`flops.step_flops` at the target rates) match base's
+  base_steps steps; every run gets at least one step."""
+  budget = flops.step_flops(configs[base], target_rates(configs[base])) * base_steps
+  return {
+      run: max(1, round(budget / flops.step_flops(c, target_rates(c))))
+      for run, c in configs.items()
+  }
+
+
+def _level_counts(levels, inputs, mask) -> list[dict]:
+  """Counts per level of one batch. levels: S x {0,1}[B, L] (boundaries_in_bytes); inputs, mask:
+  [B, L] (a boundary after input byte t is scored where target t is a real byte)."""
+  mask = mask > 0
+  ws = np.isin(inputs, losses.WHITESPACE) & mask
+  nl = (inputs == 10) & mask
+  prev = np.concatenate([np.zeros_like(inputs[:, :1]), inputs[:, :-1]], axis=1)
+  phrase = (
+      np.isin(inputs, PHRASE_END) | (np.isin(inputs, losses.WHITESPACE) & np.isin(prev, PHRASE_END))
+  ) & mask
+  out, below = [], mask
+  for level in levels:
+    ends = (np.asarray(level) > 0.5) & mask
+    out.append(
+        {
+            'bytes': int(mask.sum()),
+            'inputs': int(below.sum()),
+            'ends': int(ends.sum()),
+            'ws': int(ws.sum()),
+            'ws_hit': int((ends & ws).sum()),
+            'nl': int(nl.sum()),
+            'nl_hit': int((ends & nl).sum()),
+            'phrase': int(phrase.sum()),
+            'phrase_hit': int((ends & phrase).sum()),
+        }
+    )
+    below = ends
+  return out
+
+
+def _level_summary(c: dict) -> dict:
+  """Counts of one level over a split -> its statistics (see `level_stats`)."""
+  ends = max(c['ends'], 1)
+  return {
+      'rate': c['ends'] / max(c['inputs'], 1),
+      'bytes_per_chunk': c['bytes'] / c['ends'] if c['ends'] else float('inf'),
+      'whitespace_precision': c['ws_hit'] / ends,
+      'whitespace_recall': c['ws_hit'] / max(c['ws'], 1),
+      'line_precision': c['nl_hit'] / ends,
+      'line_recall': c['nl_hit'] / max(c['nl'], 1),
+      'phrase_precision': c['phrase_hit'] / ends,
+      'phrase_recall': c['phrase_hit'] / max(c['phrase'], 1),
+      # What a boundary placed on a random byte would score: the precisions' chance level.
+      'whitespace_base': c['ws'] / max(c['bytes'], 1),
+      'line_base': c['nl'] / max(c['bytes'], 1),
+      'phrase_base': c['phrase'] / max(c['bytes'], 1),
+      'boundaries': c['ends'],
+  }
+
+
+def level_stats(ckpt, docs, key, mode: str = 'sample') -> list[dict]:
+  """Boundary statistics of every level of a checkpoint's model on documents, one dict per stage.
+
+  Per level s: rate (boundaries per input position of stage s: per byte at s = 0, per stage-(s-1)
+  chunk above), bytes_per_chunk, and the precision (fraction of its chunk ends that sit there) and
+  recall (fraction of those bytes that end a level-s chunk) of whitespace, line ends ('\n') and
+  phrase ends (punctuation from PHRASE_END, or whitespace right after it), with each reference's
+  share of bytes (`*_base`, the precision of boundaries placed at random). Batch i draws its
+  boundaries with fold_in(key, i), the eval batches and keys of `tokjax.evaluation.Evaluator.run`.
+  """
+  c = ckpt.config
+  batches = pipeline.make_eval_batches(docs, seq_len=c.data.seq_len, batch_size=c.eval.batch_size)
+  model = ckpt.model
+  forward = jax.jit(
+      lambda p, t, k: hierarchical.boundaries_in_bytes(model.apply({'params': p}, t, k, mode=mode))
+  )
+  totals = None
+  for i, batch in enumerate(batches):
+    levels = jax.device_get(forward(ckpt.params, batch['inputs'], jax.random.fold_in(key, i)))
+    counts = _level_counts(levels, batch['inputs'], batch['mask'])
+    totals = (
+        counts if totals is None else [{k: a[k] + b[k] for k in a} for a, b in zip(totals, counts)]
+    )
+  return [_level_summary(t) for t in totals]
+
+
+def passage_levels(ckpt, text: bytes, key, modes=PASSAGE_MODES) -> tuple[bytes, dict]:
+  """Boundaries of every level on text's first seq_len - 1 bytes, drawn in each mode:
+  (bytes shown, {mode: float32[S, n]})."""
+  drawn = {
+      m: segmentation.boundaries_for(
+          ckpt.model, ckpt.params, text, ckpt.config.data.seq_len, key, m
+      )
+      for m in modes
+  }
+  return drawn[modes[0]][0], {m: actions for m, (_, actions, _) in drawn.items()}
+
+
+def run_one(run, config, out_dir, splits, key, eval_cap, passage) -> dict:
+  """Trains (unless OUT/RUN/result.json exists) and evaluates one run -> its result dict."""
+  path = os.path.join(out_dir, run, 'result.json')
+  r = compare.run_method(run, config, out_dir)
+  if not os.path.exists(path):  # Saved before evaluating: a failed evaluation does not retrain.
+    with open(path, 'w') as f:
+      json.dump(r, f)
+  if 'levels' not in r:
+    config.train.workdir = os.path.join(out_dir, run)
+    r = compare.evaluate_method(run, config, r, splits, key, eval_cap, passage)
+    ckpt = checkpointing.load_checkpoint(config.train.workdir)
+    test = compare.capped(splits['test'], *eval_cap)
+    r['levels'] = level_stats(ckpt, test, jax.random.fold_in(key, 1))
+    with open(path, 'w') as f:
+      json.dump(r, f)
+  drawn = r['passage'].get('levels')
+  if not isinstance(drawn, dict) or set(drawn) != set(PASSAGE_MODES):
+    shown, levels = passage_levels(
+        checkpointing.load_checkpoint(os.path.join(out_dir, run)), passage, key
+    )
+    r['passage']['levels'] = {m: [[float(a) for a in x] for x in v] for m, v in levels.items()}
+    r['passage']['rendered_levels'] = {m: segmentation.render(shown, v) for m, v in levels.items()}
+    with open(path, 'w') as f:
+      json.dump(r, f)
+  return r
+
+
+def fmt(x, digits=3):
+  return compare.fmt(x, digits)
+
+
+def write_outputs(out_dir, results, meta) -> None:
+  with open(os.path.join(out_dir, 'results.json'), 'w') as f:
+    json.dump({'meta': meta, 'runs': results}, f, indent=1)
+  first = results[0]
+  lines = [
+      f'# One stage vs two stages of boundaries at equal training FLOPs (`{meta["corpus"]}`)',
+      '',
+      'Command:',
+      '',
+      f'    {meta["command"]}',
+      '',
+      f'Batch {meta["batch"]} x {meta["seq_len"]} bytes; the one-stage run trains '
+      f'{meta["base_steps"]} steps and every other run the steps that give the same training FLOPs '
+      '(tokjax.flops.step_flops at the target rates: planned TFLOPs). Realised TFLOPs: the same '
+      'count at the rates each run reached on test. Bits-per-byte are pooled over the bytes of the '
+      f'val/test documents, {evaluation.SE_LABEL}, boundaries sampled as in training (first '
+      f'{meta["eval_docs"] or "all"} documents, first {meta["eval_doc_bytes"] or "all"} bytes of '
+      'each). Wall: on the machine and cores the command ran on, shared with other jobs.',
+      '',
+      '| run | stages | params | steps | planned TFLOPs | realised TFLOPs | val bpb +- s.e. | '
+      'test bpb +- s.e. | wall s |',
+      '|---|---|---|---|---|---|---|---|---|',
+  ]
+  for r in results:
+    t, v = r['test'], r['val']
+    lines.append(
+        f'| {r["run"]} | {r["stages"]} | {r["params"]:,} | {r["steps"]} | '
+        f'{r["planned_flops"] / 1e12:.4g} | {r["realised_flops"] / 1e12:.4g} | '
+        f'{fmt(v["bpb"], 4)} +- {fmt(v["bpb_se"], 4)} | {fmt(t["bpb"], 4)} +- {fmt(t["bpb_se"], 4)} | '
+        f'{r["wall_s"]:.0f} |'
+    )
+  base = first['levels'][0]
+  lines += [
+      '',
+      f'Val/test documents: {first["val"]["documents"]} / {first["test"]["documents"]} '
+      f'({first["test"]["bytes"]:,} test bytes). The standard errors are per run; all runs score '
+      'the same documents, so their differences are paired and a difference well inside the '
+      'standard error says little either way.',
+      '',
+      '## Boundaries per level (test, sampled)',
+      '',
+      'Level 0 ends chunks of bytes, level 1 chunks of level-0 chunks. rate: boundaries per input '
+      'position of the level (per byte at level 0, per level-0 chunk at level 1). Precision: share '
+      "of the level's chunk ends on whitespace / at a line end / at a phrase end (one of "
+      f'`{bytes(PHRASE_END).decode()}`, or whitespace right after one); recall: share of those bytes '
+      'that end a chunk of the level. Chance precision (share of bytes): whitespace '
+      f'{base["whitespace_base"]:.3f}, line end {base["line_base"]:.3f}, phrase end '
+      f'{base["phrase_base"]:.3f} at level 0; at level 1 the level-0 precision of the same run (a '
+      'level-1 chunk can only end where a level-0 chunk ends, so that is what picking level-0 ends '
+      'at random scores).',
+      '',
+      '| run | level | rate | bytes/chunk | ws prec | ws rec | line prec | line rec | phrase prec | '
+      'phrase rec |',
+      '|---|---|---|---|---|---|---|---|---|---|',
+  ]
+  for r in results:
+    for s, m in enumerate(r['levels']):
+      lines.append(
+          f'| {r["run"]} | {s} | {fmt(m["rate"])} | {fmt(m["bytes_per_chunk"], 2)} | '
+          f'{fmt(m["whitespace_precision"])} | {fmt(m["whitespace_recall"])} | '
+          f'{fmt(m["line_precision"])} | {fmt(m["line_recall"])} | '
+          f'{fmt(m["phrase_precision"])} | {fmt(m["phrase_recall"])} |'
+      )
+  lines += [
+      '',
+      '## One held-out passage per run',
+      '',
+      '`|` after each level-0 chunk, `||` where a level-1 chunk ends too; greedy boundaries (p > 1/2)'
+      ', then one sampled draw (as in training and in the bits-per-byte above).',
+      '',
+  ]
+  for r in results:
+    lines += [f'### {r["run"]} ({r["stages"]})', '']
+    for mode in PASSAGE_MODES:
+      lines += [f'{mode}:', '', '```', r['passage']['rendered_levels'][mode], '```', '']
+  with open(os.path.join(out_dir, 'README.md'), 'w') as f:
+    f.write('\n'.join(lines))
+
+
+def multistage(
+    corpus,
+    base_steps,
+    out_dir,
+    runs=tuple(RUNS),
+    tiny=False,
+    eval_cap=(0, 0),
+    evals=1,
+    batch=0,
+    command='',
+    seed=0,
+):
+  """Runs the comparison; returns the list of per-run result dicts (also written to out_dir)."""
+  bad = [r for r in runs if r not in RUNS]
+  if bad or not runs:
+    raise UserError(f'unknown run(s) {bad}; --runs takes some of {",".join(RUNS)}.')
+  if base_steps < 1:
+    raise UserError(f'--steps={base_steps} must be a positive number of one-stage steps.')
+  os.makedirs(out_dir, exist_ok=True)
+  configs = {r: run_config(r, corpus, tiny, seed, batch) for r in dict.fromkeys((BASE, *runs))}
+  steps = equal_flops_steps(configs, base_steps)
+  for r, c in configs.items():
+    compare.schedule(c, steps[r], evals)
+  base = configs[BASE]
+  splits = pipeline.load_splits(base.data, corpus)
+  passage = compare.paragraph(splits['test'], base.data.seq_len - 1)
+  key = jax.random.PRNGKey(1234)
+  results = []
+  for run in runs:
+    c = configs[run]
+    planned = flops.step_flops(c, target_rates(c)) * steps[run]
+    print(
+        f'[multistage] {run} ({RUNS[run][2]}): {steps[run]} steps x '
+        f'{flops.step_flops(c, target_rates(c)) / 1e9:.2f} GFLOPs at target rates '
+        f'{target_rates(c)} = {planned / 1e12:.4g} TFLOPs',
+        flush=True,
+    )
+    r = run_one(run, c, out_dir, splits, key, eval_cap, passage)
+    rates = tuple(m['rate'] for m in r['levels'])
+    r.update(
+        run=run,
+        stages=RUNS[run][2],
+        steps=steps[run],
+        target_rates=target_rates(c),
+        planned_flops=planned,
+        realised_flops=flops.step_flops(c, rates) * steps[run],
+    )
+    print(
+        f'[multistage] {run}: params {r["params"]:,} | test bpb '
+        f'{evaluation.format_bpb(r["test"]["bpb"], r["test"]["bpb_se"])} | rates '
+        + ' / '.join(f'{x:.3f}' for x in rates)
+        + f' | realised {r["realised_flops"] / 1e12:.4g} TFLOPs | wall {r["wall_s"]:.0f}s',
+        flush=True,
+    )
+    results.append(r)
+  meta = {
+      'corpus': corpus,
+      'command': command,
+      'base_steps': base_steps,
+      'batch': base.data.batch_size,
+      'seq_len': base.data.seq_len,
+      'tiny': tiny,
+      'eval_docs': eval_cap[0],
+      'eval_doc_bytes': eval_cap[1],
+      'jax_devices': [str(d) for d in jax.devices()],
+  }
+  write_outputs(out_dir, results, meta)
+  return results
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save and restore at INFO.
+  command = 'python -m tokjax.experiments.multistage ' + ' '.join(sys.argv[1:])
+  multistage(
+      _CORPUS.value,
+      _STEPS.value,
+      _OUT.value,
+      _RUNS.value,
+      _TINY.value,
+      (_EVAL_DOCS.value, _EVAL_DOC_BYTES.value),
+      _EVALS.value,
+      _BATCH.value,
+      command,
+      _SEED.value,
+  )
+  print(f'wrote {_OUT.value}/README.md, results.json')
+
+
+if __name__ == '__main__':
+  cli.run(main)
