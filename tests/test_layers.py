@@ -65,8 +65,13 @@ def test_remat_changes_no_loss_or_gradient(kind):
       )
       > 0
   )  # The compared gradients are not trivially zero.
-  for policy in ('dots', 'full'):
-    c = _config(kind, remat=dict(encoder=policy, main=policy, decoder=policy))
+  # Hierarchical: both policies in one compile (a stack each); flat has one stack, so one per policy.
+  if kind == 'hierarchical':
+    remats = [dict(encoder='dots', main='full', decoder='dots')]
+  else:
+    remats = [dict(encoder='none', main=policy, decoder='none') for policy in ('dots', 'full')]
+  for remat in remats:
+    c = _config(kind, remat=remat)
     assert models.build_model(c) != models.build_model(base)
     loss, grads = _loss_and_grads(c, params, batch)
     np.testing.assert_allclose(loss, loss0, rtol=1e-6)

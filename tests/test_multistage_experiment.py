@@ -19,17 +19,20 @@ def _corpus(tmp_path):
   return corpus
 
 
-def test_multistage_trains_every_run_at_equal_flops_and_reports_each_level(tmp_path):
+def test_multistage_trains_runs_at_equal_flops_and_reports_each_level(tmp_path):
+  # One run of each depth (the other two-stage variants train in tests/test_two_stage_variants.py).
+  runs = ['one_stage', 'learned']
   out = tmp_path / 'out'
   results = multistage.multistage(
       str(_corpus(tmp_path)),
       20,
       str(out),
+      runs=tuple(runs),
       tiny=True,
       eval_cap=(2, 256),
       command='test',
   )
-  runs = list(multistage.RUNS)
+  assert set(runs) < set(multistage.RUNS)
   assert [r['run'] for r in results] == runs
   readme = (out / 'README.md').read_text()
   table = readme.split('## Boundaries per level')[0]
@@ -60,8 +63,6 @@ def test_multistage_trains_every_run_at_equal_flops_and_reports_each_level(tmp_p
     # A level-1 chunk ends where a level-0 chunk ends: never more ends above than below.
     if stages == 2:
       assert r['levels'][1]['boundaries'] <= r['levels'][0]['boundaries']
-  # Fixed stride 5 then 3: level 0 at about 1/5 of the bytes (forced ends aside).
-  assert abs(by['stride']['levels'][0]['rate'] - 0.2) < 0.06
   assert '## Boundaries per level' in readme and '| learned | 1 |' in readme
   assert all(f'### {run} (' in readme for run in runs)
 

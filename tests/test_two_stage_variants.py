@@ -72,3 +72,34 @@ def test_variant_trains_and_each_level_follows_its_method(variant):
     tokens = np.asarray(batch['inputs'])
     ends = levels[0][:, 1:-1] > 0
     assert np.all(np.isin(tokens[:, 1:-1][ends], [32, 46]))
+
+
+def test_leave_one_out_baseline_applies_at_every_stage():
+  """estimator.baseline='rloo' draws K boundary sets per sequence at both levels; each stage's
+  advantages are then leave-one-out over the K draws, so at every stage and byte they sum to zero
+  over the draws (with the batch baseline they sum to zero over the batch instead)."""
+  from tokjax import estimator, losses, models  # pylint: disable=g-import-not-at-top
+
+  c = config_defaults.load('two_stage', 'learned,tiny')
+  c.estimator.update(baseline='rloo', gamma=1.0)
+  c.estimator.rloo.k = 2
+  config_defaults.validate(c)
+  model, batch = models.build_model(c), _batch(c)
+  init = jax.jit(lambda t: model.init(jax.random.PRNGKey(0), t, jax.random.PRNGKey(1)))
+  params = init(batch['inputs'])['params']
+  k, b = 2, c.data.batch_size
+  draw = jax.jit(lambda p, t, key: model.apply({'params': p}, t, key, k, method='sample_k'))
+  out = draw(params, batch['inputs'], jax.random.PRNGKey(2))
+  tile = lambda x: jnp.tile(x, (k, 1))
+  targets, mask = tile(batch['targets']), tile(batch['mask'])
+  ce_full = losses.cross_entropy(out['logits'], targets) * mask
+  # The two draws differ at both levels.
+  levels = hierarchical.boundaries_in_bytes(out)
+  assert all(not np.array_equal(x[:b], x[b:]) for x in map(np.asarray, levels))
+  ce_early = losses.cross_entropy(out['inner'][0]['early_logits'], targets) * mask
+  r = estimator.rewards(ce_full, ce_early, c.estimator.reward) * mask
+  adv, _, _, _ = estimator.advantages_and_returns(r, mask, c.estimator)
+  np.testing.assert_allclose(np.asarray(adv[:b] + adv[b:]), 0.0, atol=1e-5)
+  objective = jax.jit(models.objective(c, model))
+  loss, (metrics, _) = objective(params, batch, jax.random.PRNGKey(2), 0)
+  assert np.isfinite(float(loss)) and float(metrics['stage1_policy_loss']) != 0.0
