@@ -55,7 +55,8 @@ def test_variant_trains_and_each_level_follows_its_method(variant):
       moved = jax.tree.map(lambda x, y: float(np.abs(x - y).max()), after[name], before[name])
       assert jax.tree.leaves(moved) and all(v > 0 for v in jax.tree.leaves(moved)), (name, moved)
 
-  out = trainer.model.apply({'params': state.params}, batch['inputs'], jax.random.PRNGKey(2))
+  apply = jax.jit(lambda p, t, key: trainer.model.apply({'params': p}, t, key))
+  out = apply(state.params, batch['inputs'], jax.random.PRNGKey(2))
   levels = [np.asarray(a) for a in hierarchical.boundaries_in_bytes(out)]
   assert np.all(levels[1] <= levels[0])  # A stage-1 chunk ends where a stage-0 chunk ends.
   assert np.all(levels[1][:, -1] == 1)  # The last byte closes a chunk at every level.
