@@ -181,9 +181,14 @@ def uncached_step(model, params, tokens, actions, t, key, mode: str):
 
 
 def with_capacity(model, capacity: int):
-  """The same model (same parameters) with a chunk buffer of `capacity` slots."""
+  """The same model (same parameters) with a chunk buffer of `capacity` slots at every stage."""
+  inner = tuple(b.clone(parent=None, capacity=capacity) for b in model.inner_boundaries)
   return model.clone(
-      parent=None, capacity=capacity, boundary=model.boundary.clone(parent=None, capacity=capacity)
+      parent=None,
+      capacity=capacity,
+      boundary=model.boundary.clone(parent=None, capacity=capacity),
+      inner_boundaries=inner,
+      inner_capacity=(capacity,) * len(inner),
   )
 
 
@@ -232,14 +237,6 @@ def generate(
   return {'tokens': tokens, 'actions': actions, 'logits': logits, 'policy_logits': policy_logits}
 
 
-def with_capacities(model, capacity: int):
-  """The same model (same parameters) with a chunk buffer of `capacity` slots at every stage."""
-  inner = tuple(b.clone(parent=None, capacity=capacity) for b in model.inner_boundaries)
-  return with_capacity(model, capacity).clone(
-      parent=None, inner_boundaries=inner, inner_capacity=(capacity,) * len(inner)
-  )
-
-
 def stage_keys(key):
   """(key of every stage's boundary draw over the whole buffer, key whose `_step_keys(., t)[1]` draws
   the byte after position t) of `generate_stages`."""
@@ -276,7 +273,7 @@ def generate_stages(
   """
   b, p = prompt.shape
   n = p + num_bytes
-  model = with_capacities(model, n + 1)
+  model = with_capacity(model, n + 1)
   k_bnd, k_bytes = stage_keys(key)
   tokens0 = jnp.concatenate([prompt, jnp.full((b, num_bytes + 1), PAD_ID, jnp.int32)], axis=1)
 
@@ -284,9 +281,7 @@ def generate_stages(
     tokens, actions = carry
     logits, levels = stage_boundaries(model, params, tokens, k_bnd, mode)
     logits = jnp.take(logits, t, axis=1)
-    sampled = sample_byte(
-        logits, jax.random.fold_in(jax.random.fold_in(k_bytes, t), 1), temperature, top_k
-    )
+    sampled = sample_byte(logits, _step_keys(k_bytes, t)[1], temperature, top_k)
     nxt = jnp.where(t + 1 < p, jnp.take(tokens, t + 1, axis=1), sampled)
     # The byte after the last step is not kept: the spare position stays PAD.
     tokens = tokens.at[:, t + 1].set(jnp.where(t + 1 < n, nxt, PAD_ID))

@@ -165,7 +165,7 @@ class Reporter:
     now = time.time()
     rate = None
     if self.hierarchical:  # Stage 0's chunks per byte, then each inner stage's rate.
-      stages = range(1, self.config.model.get('stages', 1))
+      stages = range(1, config_defaults.stage_count(self.config))
       rate = (float(metrics['rate']),) + tuple(float(metrics[f'stage{s}_rate']) for s in stages)
     speed = self.throughput(done - self.last_step, now - self.last_t, rate)
     eta = (self.total - done) * (now - self.t0) / max(done - self.start_step, 1)
