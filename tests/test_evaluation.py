@@ -75,3 +75,59 @@ def test_evaluator_matches_the_trainers_eval_step_on_the_same_batches_and_key(tm
   assert res['sample']['bpb'] != res['greedy']['bpb']
   m = res['sample']
   assert m['documents'] >= 1 and (math.isnan(m['bpb_se']) == (m['documents'] < 2))
+
+
+def test_unit_ids_cut_each_document_into_fixed_windows():
+  docs = [b'abc', b'hello world', b'x' * 9]
+  ids, count = evaluation.unit_ids(docs, 4)
+  # Positions per document (BOS included): 4, 12, 10 -> windows 1, 3, 3.
+  assert count == 7 and len(ids) == len(pipeline.pack_documents(docs))
+  np.testing.assert_array_equal(
+      ids, [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4 + [5] * 4 + [6] * 2
+  )
+  same, n = evaluation.unit_ids(docs, 0)
+  np.testing.assert_array_equal(same, evaluation.document_ids(docs))
+  assert n == 3
+
+
+def test_paired_difference_against_hand_computed_values():
+  ce_a, ce_b, nb = (
+      np.array([10.0, 4.0, 9.0]),
+      np.array([12.0, 3.0, 10.0]),
+      np.array([5.0, 2.0, 4.0]),
+  )
+  p = evaluation.paired_difference(ce_a, ce_b, nb)
+  d = ce_a - ce_b  # -2, 1, -1
+  r = d.sum() / nb.sum()
+  se = math.sqrt(3 / 2 * np.sum((d - r * nb) ** 2)) / nb.sum() / math.log(2)
+  assert p['diff'] == pytest.approx(r / math.log(2))
+  assert p['se'] == pytest.approx(se)
+  assert p['a_better'] == pytest.approx(2 / 3) and p['b_better'] == pytest.approx(1 / 3)
+  assert p['units'] == 3
+  # The paired s.e. of a model against a copy shifted by a constant per byte is zero.
+  q = evaluation.paired_difference(ce_b + 0.1 * nb, ce_b, nb)
+  assert q['diff'] == pytest.approx(0.1 / math.log(2)) and q['se'] == pytest.approx(0, abs=1e-12)
+  with pytest.raises(ValueError, match='unit counts differ'):
+    evaluation.paired_difference(ce_a, ce_b[:2], nb)
+
+
+def test_evaluator_units_add_up_to_its_documents(tmp_path):
+  """Per-window CE sums of each document add up to the document's, and pooled bpb is unchanged."""
+  c = tiny_config(str(tmp_path))
+  data = pipeline.build_data(c)
+  trainer = train_state.Trainer(c, sharding.make_mesh(c.mesh))
+  params = trainer.init(jax.random.PRNGKey(0)).params
+  docs = [d[:300] for d in data.splits['val'][:4]]
+  ev = evaluation.Evaluator(trainer)
+  by_doc = ev.run(params, docs, jax.random.PRNGKey(3), modes=('greedy',))['greedy']
+  by_win = ev.run(params, docs, jax.random.PRNGKey(3), modes=('greedy',), unit_bytes=64)['greedy']
+  ids, count = evaluation.unit_ids(docs, 64)
+  doc_of_unit = np.zeros(count, np.int64)
+  doc_of_unit[ids] = evaluation.document_ids(docs)
+  np.testing.assert_allclose(
+      np.bincount(doc_of_unit, weights=by_win['unit_ce'], minlength=len(docs)),
+      by_doc['unit_ce'],
+      rtol=1e-6,
+  )
+  assert len(by_doc['unit_ce']) == len(docs) and sum(by_win['unit_bytes']) == by_doc['bytes']
+  assert by_win['bpb'] == pytest.approx(by_doc['bpb'], rel=1e-9)

@@ -10,6 +10,10 @@ batches):
            documents / number of bytes / ln 2.
   bpb_se   the standard error of bpb by the ratio estimator with documents as the sampling unit
            (`ratio_and_se`); the label printed with it is `SE_LABEL`.
+  unit_ce, unit_bytes
+           per scoring unit (a document, or with `unit_bytes=W` each fixed window of W bytes of a
+           document, in order), the summed cross-entropy in nats and the number of scored bytes:
+           what paired comparisons of two models on the same units need (`paired_difference`).
   rate, bytes_per_chunk, whitespace_{precision,recall,f1}, bpe_{precision,recall,f1}, chunk_hist
            boundary statistics over the positions whose target is a real byte (mask 1), forced
            boundaries included: the same positions as the training metrics of `losses.boundary_metrics`.
@@ -66,6 +70,53 @@ def document_ids(docs) -> np.ndarray:
   return np.repeat(np.arange(len(docs), dtype=np.int32), [len(d) + 1 for d in docs])
 
 
+def unit_ids(docs, unit_bytes: int = 0) -> tuple[np.ndarray, int]:
+  """(int32[len(packed stream)], number of units): the scoring unit of each stream position.
+
+  With unit_bytes = 0 a unit is a document (`document_ids`). With unit_bytes = W > 0 each document's
+  positions 0..len (BOS first) are cut into consecutive windows of W, so a document of n bytes has
+  ceil((n + 1) / W) units; a unit never spans two documents, and a target byte belongs to the unit of
+  its own position, so the units' CE sums to the documents'.
+  """
+  if not unit_bytes:
+    return document_ids(docs), len(docs)
+  lengths = np.array([len(d) + 1 for d in docs], np.int64)
+  per_doc = -(-lengths // unit_bytes)
+  first = np.concatenate([[0], np.cumsum(per_doc)[:-1]])
+  offset = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+  return (np.repeat(first, lengths) + offset // unit_bytes).astype(np.int32), int(per_doc.sum())
+
+
+def paired_difference(ce_a, ce_b, nbytes) -> dict:
+  """Model a minus model b in bits-per-byte on the same units, with its paired standard error.
+
+  Args:
+    ce_a, ce_b: float[U], each unit's summed cross-entropy in nats under a and under b.
+    nbytes: float[U], each unit's scored bytes (the same for both); units with none are left out.
+
+  Returns:
+    {'diff': bpb(a) - bpb(b) (pooled over bytes), 'se': its standard error by the ratio estimator on
+    the per-unit differences ce_a - ce_b (`ratio_and_se`), 'a_better': the share of units on which
+    a has the lower cross-entropy, 'b_better': the same for b, 'units': U}. Because both models are
+    scored on the same units, the variation between units that both share cancels: se is usually
+    far below either model's own bpb_se.
+  """
+  ce_a, ce_b = np.asarray(ce_a, np.float64), np.asarray(ce_b, np.float64)
+  nbytes = np.asarray(nbytes, np.float64)
+  if not ce_a.shape == ce_b.shape == nbytes.shape:
+    raise ValueError(f'unit counts differ: {ce_a.shape}, {ce_b.shape}, {nbytes.shape}')
+  keep = nbytes > 0
+  diff, se = ratio_and_se(ce_a[keep] - ce_b[keep], nbytes[keep])
+  units = int(keep.sum())
+  return {
+      'diff': diff,
+      'se': se,
+      'a_better': float(np.mean(ce_a[keep] < ce_b[keep])) if units else math.nan,
+      'b_better': float(np.mean(ce_b[keep] < ce_a[keep])) if units else math.nan,
+      'units': units,
+  }
+
+
 def prf(hit, pred, ref) -> dict:
   """Precision hit / pred, recall hit / ref and their F1 (0 for an empty side)."""
   p, r = hit / max(pred, 1), hit / max(ref, 1)
@@ -111,7 +162,16 @@ class Evaluator:
     }
 
   def run(
-      self, params, docs, key, *, batches=None, max_batches=None, modes=None, bpe_starts=None
+      self,
+      params,
+      docs,
+      key,
+      *,
+      batches=None,
+      max_batches=None,
+      modes=None,
+      bpe_starts=None,
+      unit_bytes=0,
   ) -> dict:
     """Evaluates the documents `docs` (one split) on `batches`.
 
@@ -120,7 +180,7 @@ class Evaluator:
     document (BPE token starts) to score boundaries against. A flat model has only 'sample'.
 
     Returns:
-      {mode: {'bpb', 'bpb_se', 'documents', 'bytes'} + for a hierarchical model 'rate',
+      {mode: {'bpb', 'bpb_se', 'documents', 'bytes', 'unit_ce', 'unit_bytes'} + for a hierarchical model 'rate',
       'bytes_per_chunk', 'whitespace_{precision,recall,f1}', 'line_{precision,recall}', 'chunk_hist'
       and, with bpe_starts, 'bpe_{precision,recall,f1}'; with S > 1 stages the same boundary
       statistics (BPE's aside) of each stage s >= 1 prefixed 'stage{s}_' (see the module docstring)}.
@@ -134,17 +194,23 @@ class Evaluator:
           max_batches=max_batches,
       )
     doc_of = document_ids(docs)
+    unit_of, num_units = unit_ids(docs, unit_bytes)
     n = len(doc_of)
     bpe_stream = None
     if bpe_starts is not None:
       bpe_stream = np.concatenate([np.concatenate([[False], s]) for s in bpe_starts])
     return {
-        mode: self._run_mode(params, mode, batches, key, doc_of, n, len(docs), bpe_stream)
+        mode: self._run_mode(
+            params, mode, batches, key, doc_of, n, len(docs), bpe_stream, unit_of, num_units
+        )
         for mode in modes
     }
 
-  def _run_mode(self, params, mode, batches, key, doc_of, n, num_docs, bpe_stream) -> dict:
+  def _run_mode(
+      self, params, mode, batches, key, doc_of, n, num_docs, bpe_stream, unit_of, num_units
+  ) -> dict:
     ce_doc, bytes_doc = np.zeros(num_docs), np.zeros(num_docs)
+    ce_unit, bytes_unit = np.zeros(num_units), np.zeros(num_units)
     counts, hists = None, None  # Per level of boundaries, made at the first batch.
     for i, batch in enumerate(batches):
       placed = sharding.global_batch_from_global(pipeline.model_batch(batch), self.trainer.mesh)
@@ -153,9 +219,12 @@ class Evaluator:
       ce, actions = jax.device_get(out)
       mask = batch['mask'] > 0
       pos = pipeline.stream_positions(batch)  # Input byte positions; target t sits at pos + 1.
-      tdoc = doc_of[np.clip(pos + 1, 0, n - 1)][mask]
+      target_pos = np.clip(pos + 1, 0, n - 1)[mask]
+      tdoc, tunit = doc_of[target_pos], unit_of[target_pos]
       ce_doc += np.bincount(tdoc, weights=ce[mask], minlength=num_docs)
       bytes_doc += np.bincount(tdoc, minlength=num_docs)
+      ce_unit += np.bincount(tunit, weights=ce[mask], minlength=num_units)
+      bytes_unit += np.bincount(tunit, minlength=num_units)
       if not self.hierarchical:
         continue
       if counts is None:
@@ -187,6 +256,8 @@ class Evaluator:
         'bpb_se': se,
         'documents': int(np.sum(bytes_doc > 0)),
         'bytes': int(bytes_doc.sum()),
+        'unit_ce': [float(x) for x in ce_unit],
+        'unit_bytes': [int(x) for x in bytes_unit],
     }
     for s, (c, hist) in enumerate(zip(counts or [], hists or [])):
       prefix = f'stage{s}_' if s else ''
