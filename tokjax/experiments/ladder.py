@@ -108,10 +108,13 @@ def build_config(run: Run):
 def _set_field(config, field: str, value: str) -> None:
   *path, leaf = field.split('.')
   node = config
-  for p in path:
-    node = node[p]
-  old = node[leaf]
-  node[leaf] = type(old)(value) if not isinstance(old, bool) else value.lower() in ('1', 'true')
+  try:
+    for p in path:
+      node = node[p]
+    old = node[leaf]
+    node[leaf] = type(old)(value) if not isinstance(old, bool) else value.lower() in ('1', 'true')
+  except (KeyError, AttributeError, TypeError, ValueError) as e:
+    raise UserError(f'override {field}={value}: not a config field of that type ({e}).') from None
 
 
 def steps_of(run: Run, batch_size: int) -> int:
@@ -608,7 +611,9 @@ def _parse_map(items, what) -> dict:
   out = {}
   for item in items:
     if ':' not in item:
-      raise UserError(f'{what} entry {item!r} must be METHOD:VALUE (e.g. hnet:{what}).')
+      raise UserError(
+          f'--{what} {item!r} must be METHOD:FIELD=VALUE, e.g. hnet:boundary.hnet.ratio_weight=0.3.'
+      )
     m, v = item.split(':', 1)
     out.setdefault(m, []).append(v)
   return out
@@ -656,6 +661,8 @@ def main(argv):
   runs = plan(f.corpus, budgets, f.methods, seeds, seq_lens, lrs, overrides, f.tiny)
   scoring = Scoring(f.unit_bytes, tuple(f.cross))
   batch_size = base.data.batch_size
+  for run in {dataclasses.replace(r, seed=0, budget=1e6) for r in runs}:
+    build_config(run)  # Bad overrides stop here with one line, before any run starts.
   os.makedirs(os.path.join(f.out, 'runs'), exist_ok=True)
   os.environ.setdefault(
       'JAX_COMPILATION_CACHE_DIR', os.path.expanduser('~/.cache/tokjax/xla-ladder')

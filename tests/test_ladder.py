@@ -1,0 +1,138 @@
+"""The budget ladder: paired statistics over seeds, and a stopped ladder resuming exactly."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tokjax import evaluation
+from tokjax.experiments import ladder
+
+
+def _result(method, seed, unit_ce, bpb, budget=1e6):
+  nbytes = [100] * len(unit_ce)
+  split = {'bpb': bpb, 'bpb_se': 0.01, 'unit_ce': unit_ce, 'unit_bytes': nbytes, 'rate': 0.2}
+  return {
+      'run': dict(method=method, budget=budget, seed=seed, seq_len=256, lr=2e-3),
+      'val': dict(split),
+      'test': dict(split),
+      'cross': {},
+      'params': 10,
+      'train_flops': 1e12,
+      'train_bytes': int(budget),
+      'train_rate': 0.2,
+      'train_bytes_per_s': 1.0,
+  }
+
+
+def test_paired_over_seeds_averages_units_over_matching_seeds():
+  a = [_result('hnet', 0, [10.0, 20.0, 30.0], 2.0), _result('hnet', 1, [12.0, 22.0, 28.0], 2.1)]
+  b = [_result('policy', 1, [11.0, 19.0, 27.0], 2.05), _result('policy', 0, [9.0, 21.0, 33.0], 1.9)]
+  p = ladder.paired_over_seeds(a, b, 'test')
+  want = evaluation.paired_difference(
+      np.mean([[10, 20, 30], [12, 22, 28]], axis=0),
+      np.mean([[9, 21, 33], [11, 19, 27]], axis=0),
+      [100, 100, 100],
+  )
+  assert p['diff'] == pytest.approx(want['diff']) and p['se'] == pytest.approx(want['se'])
+  # Seeds are matched by number, not by order: per-seed differences 2.0 - 1.9 and 2.1 - 2.05.
+  assert p['seed_se'] == pytest.approx(np.std([0.1, 0.05], ddof=1) / math.sqrt(2))
+  assert p['seeds'] == 2
+
+
+def test_summarize_pairs_every_method_with_the_reference_at_its_best_lr():
+  results = [_result('policy', 0, [10.0, 10.0], 1.5), _result('uniform', 0, [11.0, 12.0], 1.6)]
+  worse = _result('policy', 0, [50.0, 50.0], 9.0)
+  worse['run']['lr'] = 1e-3
+  worse['val']['bpb'] = 9.0
+  rows = ladder.summarize(results + [worse], 'policy')
+  uni = next(r for r in rows if r['method'] == 'uniform')
+  assert uni['paired']['diff'] == pytest.approx(3.0 / 200 / math.log(2))
+  assert uni['paired']['a_better'] == 0.0
+  assert ladder.best_lrs(rows) == {'policy': 2e-3, 'uniform': 2e-3}
+
+
+def _ladder(out, *extra):
+  """The ladder command over one tiny policy run (about 200 steps, checkpoints every 20)."""
+  cmd = [sys.executable, '-m', 'tokjax.experiments.ladder', '--tiny', '--corpus', 'stdlib']
+  cmd += ['--set', 'data.max_bytes=200000', '--set', 'train.checkpoint_every=20']
+  cmd += ['--set', 'train.log_every=10', '--set', 'eval.max_batches=2']
+  cmd += ['--budgets', '5e4', '--methods', 'policy', '--jobs', '1', '--progress_s', '2']
+  return cmd + ['--out', str(out), *extra]
+
+
+def _run_dir(out):
+  (name,) = os.listdir(os.path.join(out, 'runs'))
+  return os.path.join(out, 'runs', name)
+
+
+def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
+  whole, stopped = tmp_path / 'whole', tmp_path / 'stopped'
+  reference = subprocess.Popen(_ladder(whole), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  proc = subprocess.Popen(_ladder(stopped), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  deadline = time.time() + 300
+  while time.time() < deadline:  # Stop once the run has saved its first checkpoint.
+    runs = stopped / 'runs'
+    if runs.exists() and os.listdir(runs):
+      ckpts = os.path.join(_run_dir(stopped), 'checkpoints')
+      if os.path.isdir(ckpts) and any(n.isdigit() for n in os.listdir(ckpts)):
+        break
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  out = proc.communicate(timeout=300)[0].decode()
+  assert proc.returncode == 2, out
+  assert 'error: stopped by SIGTERM' in out and '--resume' in out.splitlines()[-1], out
+  assert not os.path.exists(os.path.join(_run_dir(stopped), 'result.json'))
+
+  again = subprocess.run(_ladder(stopped), capture_output=True, text=True, timeout=300)
+  assert again.returncode == 2 and 'pass --resume' in again.stderr.strip().splitlines()[-1]
+
+  resumed = subprocess.run(
+      _ladder(stopped, '--resume'), capture_output=True, text=True, timeout=600
+  )
+  assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+  log = open(os.path.join(_run_dir(stopped), 'train.log')).read()
+  assert 'resumed from step' in log  # The run really was cut short and continued.
+  reference.communicate(timeout=600)
+  assert reference.returncode == 0
+
+  def final(out):
+    with open(os.path.join(_run_dir(out), 'result.json')) as f:
+      r = json.load(f)
+    rows = [json.loads(x) for x in open(os.path.join(_run_dir(out), 'metrics.jsonl'))]
+    last = [
+        {k: v for k, v in x.items() if k not in ('bytes_per_s', 'model_tflops', 'mfu')}
+        for x in rows
+    ]
+    return r['test']['bpb'], r['test']['unit_ce'], last
+
+  assert final(stopped) == final(whole)  # Bitwise: exact resume.
+
+  # Idempotent: a finished ladder reads its results back and trains nothing.
+  mtime = os.path.getmtime(os.path.join(_run_dir(stopped), 'metrics.jsonl'))
+  done = subprocess.run(_ladder(stopped), capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0 and '1 of 1 runs done, 0 to run' in done.stdout
+  assert os.path.getmtime(os.path.join(_run_dir(stopped), 'metrics.jsonl')) == mtime
+  for name in ('results.md', 'results.json', 'ladder.png'):
+    assert os.path.getsize(stopped / name) > 0
+
+
+def test_bad_ladder_flags_get_one_line(tmp_path):
+  for args, words in [
+      (['--methods', 'policy,nosuch'], 'unknown method'),
+      (['--budgets', 'lots'], '--budgets and --lrs take numbers'),
+      (['--methods', 'uniform'], '--reference=policy must be one of --methods'),
+      (['--override', 'hnet'], 'must be METHOD:FIELD=VALUE'),
+      (['--set', 'model.nosuch=1'], 'not a config field'),
+  ]:
+    cmd = [sys.executable, '-m', 'tokjax.experiments.ladder', '--out', str(tmp_path), *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error:') and words in lines[0], r.stderr
