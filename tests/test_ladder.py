@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tokjax import evaluation
+from tokjax.errors import UserError
 from tokjax.experiments import ladder
 
 
@@ -90,8 +91,9 @@ def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
   assert 'error: stopped by SIGTERM' in out and '--resume' in out.splitlines()[-1], out
   assert not os.path.exists(os.path.join(_run_dir(stopped), 'result.json'))
 
-  again = subprocess.run(_ladder(stopped), capture_output=True, text=True, timeout=300)
-  assert again.returncode == 2 and 'pass --resume' in again.stderr.strip().splitlines()[-1]
+  run, scoring = ladder.read_spec(_run_dir(stopped))  # The command's own run, as it wrote it.
+  with pytest.raises(UserError, match='holds an unfinished run; pass --resume'):
+    ladder.execute(str(stopped), [run], scoring, 1, False, 60, 4)
 
   resumed = subprocess.run(
       _ladder(stopped, '--resume'), capture_output=True, text=True, timeout=600
@@ -115,12 +117,15 @@ def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
   assert final(stopped) == final(whole)  # Bitwise: exact resume.
 
   # Idempotent: a finished ladder reads its results back and trains nothing.
+  assert ladder.status(str(stopped), run, scoring) == 'done'
   mtime = os.path.getmtime(os.path.join(_run_dir(stopped), 'metrics.jsonl'))
-  done = subprocess.run(_ladder(stopped), capture_output=True, text=True, timeout=300)
-  assert done.returncode == 0 and '1 of 1 runs done, 0 to run' in done.stdout
+  assert ladder.execute(str(stopped), [run], scoring, 1, False, 60, 4) == 0
   assert os.path.getmtime(os.path.join(_run_dir(stopped), 'metrics.jsonl')) == mtime
   for name in ('results.md', 'results.json', 'ladder.png'):
     assert os.path.getsize(stopped / name) > 0
+  assert ladder.status(str(stopped), run, ladder.Scoring(scoring.unit_bytes, ('stdlib_docs',))) == (
+      'rescore'
+  )
 
 
 def test_bad_ladder_flags_get_one_line(tmp_path):
