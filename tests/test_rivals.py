@@ -11,6 +11,7 @@ import optax
 import pytest
 
 from tokjax.data import BOS_ID
+from tokjax.errors import UserError
 from tokjax.models import hierarchical, registry
 from tokjax.models.rivals import bpe, entropy, gumbel, hnet
 
@@ -281,3 +282,32 @@ def test_sequential_policy_starts_exactly_at_the_target_rate():
   proj['kernel'] = jnp.zeros_like(proj['kernel'])
   probs = model.apply(params, tokens, jax.random.PRNGKey(1))['boundaries'].probs
   np.testing.assert_allclose(np.asarray(probs), 0.2, atol=1e-6)
+
+
+def test_bpe_without_pretokenization_merges_across_words_and_is_cached_apart(tmp_path):
+  """pretokenize='none' learns tokens that hold a space inside (fewer tokens per byte at the same
+  vocabulary); the cached tokenizer of each setting is its own file."""
+  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+
+  docs = [_WORDS * 40, b'thee and thou, my lord; the queen is dead.\n' * 40]
+  inner_space = lambda tok: any('\u0120' in t[1:] for t in tok.get_vocab())  # 'Ġ' is the space.
+  words, none = (bpe.train_tokenizer(docs, 400, pretokenize=p) for p in ('words', 'none'))
+  assert inner_space(none) and not inner_space(words)
+  assert bpe.tokens_per_byte(none, docs) < bpe.tokens_per_byte(words, docs)
+
+  (tmp_path / 'corpus').mkdir()
+  for i, d in enumerate(docs * 10):
+    (tmp_path / 'corpus' / f'{i}.txt').write_bytes(d)
+  c = config_defaults.base_config()
+  c.data.corpus, c.data.data_dir = str(tmp_path / 'corpus'), str(tmp_path / 'cache')
+  c.data.val_fraction = c.data.test_fraction = 0.2
+  c.boundary.method = 'bpe'
+  fitted = {}
+  for p in ('words', 'none'):
+    c.boundary.bpe.pretokenize = p
+    fitted[p] = bpe._load(bpe.cached_tokenizer_json(c))  # pylint: disable=protected-access
+  assert len(os.listdir(tmp_path / 'cache' / 'bpe')) == 2
+  assert inner_space(fitted['none']) and not inner_space(fitted['words'])
+  c.boundary.bpe.pretokenize = 'sentences'
+  with pytest.raises(UserError, match='pretokenize'):
+    config_defaults.validate(c)

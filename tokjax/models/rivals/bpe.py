@@ -136,7 +136,8 @@ def cached_tokenizer_json(config) -> str:
           d.split_seed,
           float(config.boundary.target_rate),
       )
-      + ('' if config.boundary.bpe.pretokenize == 'words' else config.boundary.bpe.pretokenize)
+      # Tokenizers fitted before the pretokenize setting existed keep their cache key.
+      + (() if config.boundary.bpe.pretokenize == 'words' else (config.boundary.bpe.pretokenize,))
   )
   folder = os.path.join(d.data_dir or str(prepare.default_data_dir()), 'bpe')
   path = os.path.join(folder, hashlib.sha1(key.encode()).hexdigest()[:16] + '.json')
