@@ -348,7 +348,7 @@ def slide(
   fast = not is_flat and model.stages == 1 and isinstance(model.boundary, bd.BoundaryPolicy)
   keep = window // 2
   first_keep = window - 1 - min(max_bytes, window - 1 - keep)
-  texts = [bytes(p) for p in prompts]
+  texts = [bytes(p)[-window:] for p in prompts]
   made = [0] * len(texts)
   step = 0
   while any(m < max_bytes for m in made):
@@ -377,7 +377,7 @@ def slide(
       begin = 1 + len(ctx[j])
       end = min(n, begin + max_bytes - made[i])
       new = bytes(tokens[j, begin:end].astype(np.uint8).tolist())
-      texts[i] += new
+      texts[i] = (texts[i] + new)[-window:]  # Only the context of the next step is kept.
       made[i] += len(new)
       news[i] = (new, actions[j, :, begin:end])
     step += 1

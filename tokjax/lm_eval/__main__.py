@@ -38,9 +38,6 @@ def define_flags():
 def main(argv):
   del argv
   f = flags.FLAGS
-  from tokjax import lm_eval as pkg  # pylint: disable=g-import-not-at-top
-
-  pkg.require_lm_eval()
   if not f.checkpoint:
     raise UserError('--checkpoint is required: pass the run folder of a training run.')
   names = [t.strip() for t in (f.tasks or '').split(',') if t.strip()]
@@ -52,6 +49,9 @@ def main(argv):
     raise UserError('--draws needs --boundaries=sample: greedy boundaries are one deterministic draw.')
   if f.limit is not None and f.limit <= 0:
     raise UserError(f'--limit={f.limit} must be positive.')
+  from tokjax import lm_eval as pkg  # pylint: disable=g-import-not-at-top
+
+  pkg.require_lm_eval()
   if not f['verbosity'].present:  # lm-eval warns about every locally defined task.
     logging.getLogger('lm_eval').setLevel(logging.ERROR)
   from tokjax.lm_eval import model, tasks  # pylint: disable=g-import-not-at-top

@@ -128,8 +128,11 @@ class TokjaxLM(LM):
   def _generate(self, contexts, until, max_bytes, temperature, top_k) -> list[str]:
     """The continuations of contexts (str), each cut before its first stop string."""
     prompts = [c.encode('utf-8') for c in contexts]  # An empty one: generation after BOS alone.
+    count = len(prompts)
+    # A short last batch is filled with copies: every batch has the compiled size.
+    prompts += [prompts[0]] * (self.scorer.batch_size - count)
     made = [b''] * len(prompts)
-    done = [False] * len(prompts)
+    done = [False] * count + [True] * (len(prompts) - count)
     steps = decoding.slide(
         self.ckpt.model,
         self.ckpt.params,
@@ -151,7 +154,7 @@ class TokjaxLM(LM):
       if all(done):
         break
     out = []
-    for m in made:
+    for m in made[:count]:
       text = m.decode('utf-8', errors='ignore')
       cut = min([text.find(s) for s in until if s in text] or [len(text)])
       out.append(text[:cut])
