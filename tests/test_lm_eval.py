@@ -51,7 +51,9 @@ def flat_run(tmp_path_factory):
 
 
 def test_windows_cover_every_byte_once_with_context():
-  for n, c, length, overlap in itertools.product((1, 5, 64, 65, 200, 301), (0, 3, 60), (64,), (0, 32)):
+  for n, c, length, overlap in itertools.product(
+      (1, 5, 64, 65, 200, 301), (0, 3, 60), (64,), (0, 32)
+  ):
     if c >= n:
       continue
     rows = scoring.windows(n, c, length, overlap)
@@ -71,7 +73,10 @@ def test_scores_equal_the_evaluators_per_document_ce(lm):
   ckpt, seq_len = lm.ckpt, lm.seq_len
   docs = evaluate.load_split(ckpt.config, None, 'test')['test'][:6]
   cut = ckpt.evaluator.run(
-      ckpt.params, evaluate.one_row_documents(docs, seq_len), jax.random.PRNGKey(0), modes=('greedy',)
+      ckpt.params,
+      evaluate.one_row_documents(docs, seq_len),
+      jax.random.PRNGKey(0),
+      modes=('greedy',),
   )['greedy']
   texts = [d[: seq_len - 1] for d in docs]
   scores = lm.scorer.score(texts, [0] * len(texts))
@@ -159,7 +164,9 @@ def test_continuation_bpb_by_hand(report, lm):
   np.testing.assert_allclose(got['per_sample'], hand, rtol=1e-9)
   assert got['mean'] == pytest.approx(np.mean(hand))
   assert got['se'] == pytest.approx(np.std(hand, ddof=1) / math.sqrt(len(hand)))
-  docs = [json.loads(l)['text'].encode() for l in open(os.path.join(TASK_DIR, 'tokjax_rolling.jsonl'))]
+  docs = [
+      json.loads(l)['text'].encode() for l in open(os.path.join(TASK_DIR, 'tokjax_rolling.jsonl'))
+  ]
   assert max(map(len, docs)) > 2 * lm.seq_len  # Rolling windows are exercised.
   rolled = lm.scorer.score(docs, [0] * len(docs))
   np.testing.assert_allclose(
@@ -184,19 +191,33 @@ def test_sample_num_bytes_beyond_memory_streams(lm):
   """100M bytes used to allocate [N, B, V] logits for all of them (103 GB): sliding generation
   makes them step by step in O(seq_len) memory; the first steps come at once."""
   steps = sample.stream_generation(
-      lm.ckpt.model, lm.ckpt.params, b'The module ', 10**8, jax.random.PRNGKey(0), 'sample', 0.8,
-      40, True, lm.seq_len,
+      lm.ckpt.model,
+      lm.ckpt.params,
+      b'The module ',
+      10**8,
+      jax.random.PRNGKey(0),
+      'sample',
+      0.8,
+      40,
+      True,
+      lm.seq_len,
   )
   first = list(itertools.islice(steps, 3))
   sizes = [len(new) for new, _ in first]
-  assert sizes[0] == lm.seq_len - 1 - len(b'The module ') and sizes[1:] == [lm.seq_len - 1 - lm.seq_len // 2] * 2
+  assert (
+      sizes[0] == lm.seq_len - 1 - len(b'The module ')
+      and sizes[1:] == [lm.seq_len - 1 - lm.seq_len // 2] * 2
+  )
   assert all(a.shape == (1, len(new)) for new, a in first)
 
 
 @pytest.mark.parametrize('which', ['two_stage', 'flat'])
 def test_two_stage_and_flat_checkpoints_run(which, request, manager):
-  run = request.getfixturevalue('tiny_two_stage_run')[0] if which == 'two_stage' else (
-      request.getfixturevalue('flat_run'))
+  run = (
+      request.getfixturevalue('tiny_two_stage_run')[0]
+      if which == 'two_stage'
+      else (request.getfixturevalue('flat_run'))
+  )
   lm = lm_model.TokjaxLM(checkpoint=run, batch_size=8)
   assert lm.scorer.kind == ('flat' if which == 'flat' else 'hierarchical')
   rep = tasks.evaluate(lm, ['tokjax_mc', 'tokjax_generate'], manager, limit=1)

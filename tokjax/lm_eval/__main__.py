@@ -28,8 +28,11 @@ def define_flags():
   flags.DEFINE_string('boundaries', 'greedy', 'Boundary decisions: greedy or sample.')
   flags.DEFINE_integer('draws', None, 'With --boundaries=sample: boundary draws K per text.')
   flags.DEFINE_integer('batch_size', 8, 'Rows (windows) per forward pass.')
-  flags.DEFINE_integer('overlap', None, 'Context bytes of each rolling window after the first '
-                       '(default seq_len // 2).')
+  flags.DEFINE_integer(
+      'overlap',
+      None,
+      'Context bytes of each rolling window after the first ' '(default seq_len // 2).',
+  )
   flags.DEFINE_string('out', None, 'JSON file of the results (default RUN/lm_eval.json).')
   flags.DEFINE_string('include_path', None, "Folder(s) of extra task YAML files, joined by ':'.")
   flags.DEFINE_integer('seed', 0, 'Key of the boundary and byte draws, and lm-eval seeds.')
@@ -46,7 +49,9 @@ def main(argv):
   if f.boundaries not in ('greedy', 'sample'):
     raise UserError(f'--boundaries={f.boundaries!r} is not valid; use greedy or sample.')
   if f.draws is not None and f.boundaries != 'sample':
-    raise UserError('--draws needs --boundaries=sample: greedy boundaries are one deterministic draw.')
+    raise UserError(
+        '--draws needs --boundaries=sample: greedy boundaries are one deterministic draw.'
+    )
   if f.limit is not None and f.limit <= 0:
     raise UserError(f'--limit={f.limit} must be positive.')
   from tokjax import lm_eval as pkg  # pylint: disable=g-import-not-at-top

@@ -6,18 +6,21 @@ r"""lm-eval's own command line with the tokjax model registered:
 (`lm_eval --model tokjax` alone cannot find the model: lm-eval discovers only its own models.)
 """
 
+import os
 import sys
 
 
 def main():
-  from tokjax.lm_eval import require_lm_eval  # pylint: disable=g-import-not-at-top
   from tokjax.errors import UserError  # pylint: disable=g-import-not-at-top
+  from tokjax.lm_eval import require_lm_eval  # pylint: disable=g-import-not-at-top
 
   try:
     require_lm_eval()
   except UserError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
+  # lm-eval's bootstrap forks a process pool unless told not to; forking a JAX process can deadlock.
+  os.environ.setdefault('DISABLE_MULTIPROC', '1')
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=g-import-not-at-top
 
   from tokjax.lm_eval import model  # pylint: disable=g-import-not-at-top,unused-import  # noqa: F401

@@ -39,7 +39,8 @@ def _int(name, value, default):
 class TokjaxLM(LM):
   """model_args: checkpoint=RUN_FOLDER (required), step, boundaries=greedy|sample, draws=K,
   overlap (rolling-window context bytes, default seq_len // 2), seed (key of boundary and byte
-  draws); batch_size comes from lm-eval's --batch_size (rows per forward, default 8; 'auto' means 8)."""
+  draws); batch_size comes from lm-eval's --batch_size (rows per forward, default 8; 'auto' means 8).
+  """
 
   def __init__(
       self,
@@ -63,7 +64,9 @@ class TokjaxLM(LM):
       )
     if not checkpoint:
       raise UserError('the tokjax model needs checkpoint=RUN_FOLDER (a training run folder).')
-    batch = 8 if batch_size in (None, '', 'auto') or str(batch_size).startswith('auto') else batch_size
+    batch = (
+        8 if batch_size in (None, '', 'auto') or str(batch_size).startswith('auto') else batch_size
+    )
     self.ckpt = checkpointing.load_checkpoint(str(checkpoint), _int('step', step, None))
     self.key = jax.random.PRNGKey(_int('seed', seed, 0))
     self.scorer = scoring.Scorer(
@@ -119,7 +122,9 @@ class TokjaxLM(LM):
     for (until, max_bytes, temperature, top_k), members in groups.items():
       for start in range(0, len(members), b):
         idx = members[start : start + b]
-        texts = self._generate([requests[i].args[0] for i in idx], until, max_bytes, temperature, top_k)
+        texts = self._generate(
+            [requests[i].args[0] for i in idx], until, max_bytes, temperature, top_k
+        )
         for i, t in zip(idx, texts):
           out[i] = t
           self.cache_hook.add_partial('generate_until', requests[i].args, t)

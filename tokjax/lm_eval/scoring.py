@@ -127,8 +127,11 @@ class Scorer:
     self.lengths = row_lengths(self.seq_len)
     # Flat: the Evaluator's only mode; hierarchical: the boundaries asked for.
     fwd_mode = 'sample' if self.kind == 'flat' else mode
-    self._forward = jax.jit(jax.vmap(functools.partial(_row_forward, self.model, self.kind, fwd_mode),
-                                     in_axes=(None, 0, 0)))
+    self._forward = jax.jit(
+        jax.vmap(
+            functools.partial(_row_forward, self.model, self.kind, fwd_mode), in_axes=(None, 0, 0)
+        )
+    )
 
   def _rows(self, texts, score_from):
     """Every (request, window, draw) row: (request, window, draw, start, end, first, text)."""
