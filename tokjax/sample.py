@@ -148,6 +148,7 @@ def main(argv):
   total = len(prompt) + 1 + f.num_bytes
   seq_len = ckpt.config.data.seq_len
   key = jax.random.PRNGKey(f.seed)
+  args = (ckpt.model, ckpt.params, prompt, f.num_bytes, key, f.boundaries, f.temperature, f.top_k)
   if total > seq_len:
     if f.compare:
       raise UserError(
@@ -161,18 +162,7 @@ def main(argv):
     print(f'--- {f.boundaries} boundaries, {segmentation.legend(stages)} ---')
     print(prompt.decode('utf-8', errors='replace'), end='', flush=True)
     t0, made = time.perf_counter(), 0
-    for new, actions in stream_generation(
-        ckpt.model,
-        ckpt.params,
-        prompt,
-        f.num_bytes,
-        key,
-        f.boundaries,
-        f.temperature,
-        f.top_k,
-        not f.no_cache,
-        seq_len,
-    ):
+    for new, actions in stream_generation(*args, not f.no_cache, seq_len):
       made += len(new)
       print(segmentation.render(new, actions, terminal=True), end='', flush=True)
     seconds = time.perf_counter() - t0
@@ -181,17 +171,7 @@ def main(argv):
   paths = [True, False] if f.compare else [not f.no_cache and stages == 1]
   runs = {}
   for cached in paths:
-    runs[cached] = run_generation(
-        ckpt.model,
-        ckpt.params,
-        prompt,
-        f.num_bytes,
-        key,
-        f.boundaries,
-        f.temperature,
-        f.top_k,
-        cached,
-    )
+    runs[cached] = run_generation(*args, cached)
   res = runs[paths[0]]
   legend = segmentation.legend(stages)
   print(f'--- {f.boundaries} boundaries, {legend}; prompt: {len(prompt)} bytes ---')
