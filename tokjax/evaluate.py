@@ -7,6 +7,9 @@ config saved with the checkpoint and evaluates the split (of the saved corpus, o
 the same way) with sampled and with greedy boundaries. Writes FILE_PREFIX.json and FILE_PREFIX.md
 (default DIR/eval_<split>):
   - bpb pooled over bytes, with its standard error by the ratio estimator over documents;
+  - doc_bpb: the mean over documents of each document's own bpb, every document cut to its first
+    seq_len - 1 bytes and scored alone in one row from BOS (the form of per-document test tables),
+    with its standard error (s.d. over documents / sqrt(D)); `one_row_documents`;
   - rate (boundaries per byte), a histogram of bytes per chunk;
   - boundary precision / recall / F1 against whitespace bytes and against BPE token starts (a byte-level
     BPE tokenizer trained on the train split to about the target rate by
@@ -64,9 +67,10 @@ def to_markdown(report: dict) -> str:
   ]
   modes = report['modes']
   lines += [
-      f'| boundaries | bpb (pooled over bytes) {evaluation.SE_LABEL} | rate | bytes/chunk | '
+      f'| boundaries | bpb (pooled over bytes) {evaluation.SE_LABEL} | per-document bpb '
+      '(documents cut to seq_len - 1 bytes, mean +- s.e.) | rate | bytes/chunk | '
       'ws P / R / F1 | BPE P / R / F1 |',
-      '|---|---|---|---|---|---|',
+      '|---|---|---|---|---|---|---|',
   ]
 
   def prf(m, name):
@@ -77,6 +81,7 @@ def to_markdown(report: dict) -> str:
   for mode, m in modes.items():
     lines.append(
         f"| {mode} | {m['bpb']:.4f} +- {m['bpb_se']:.4f} | "
+        f"{m.get('doc_bpb', float('nan')):.4f} +- {m.get('doc_bpb_se', float('nan')):.4f} | "
         f"{m.get('rate', float('nan')):.3f} | {m.get('bytes_per_chunk', float('nan')):.2f} | "
         f"{prf(m, 'whitespace')} | {prf(m, 'bpe')} |"
     )
@@ -117,6 +122,30 @@ def to_markdown(report: dict) -> str:
       ]
       lines += [f'| {k} | {c / total:.3f} |' for k, c in m['chunk_hist'].items()]
   return '\n'.join(lines) + '\n'
+
+
+def one_row_documents(docs, seq_len: int) -> list[bytes]:
+  """The documents cut to seq_len - 1 bytes, each followed by empty documents so that every one
+  starts a row of `pipeline.make_eval_batches` (BOS and the document fill at most one row of seq_len
+  positions; an empty document is a lone BOS, which is never a target): each document is scored
+  alone, from its start, as when documents are cut to the model's context."""
+  out = []
+  for d in docs:
+    d = d[: seq_len - 1]
+    out += [d] + [b''] * (seq_len - 1 - len(d))
+  return out
+
+
+def per_document_bpb(unit_ce, unit_bytes) -> tuple[float, float, int]:
+  """(mean over documents of each one's bits-per-byte, its standard error s.d. / sqrt(D), D) from the
+  Evaluator's per-document 'unit_ce' (nats) and 'unit_bytes'; documents without bytes left out."""
+  ce, nbytes = np.asarray(unit_ce, np.float64), np.asarray(unit_bytes, np.float64)
+  keep = nbytes > 0
+  x = ce[keep] / nbytes[keep] / np.log(2)
+  if not len(x):
+    return float('nan'), float('nan'), 0
+  se = float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float('nan')
+  return float(x.mean()), se, len(x)
 
 
 def has_tokenizers() -> bool:
@@ -162,6 +191,17 @@ def run_evaluation(
       max_batches=max_batches or None,
       bpe_starts=starts,
   )
+  # The form of the paper's table: each document cut to the context, its own bpb, averaged.
+  seq_len = config.data.seq_len
+  cut = ckpt.evaluator.run(
+      ckpt.params,
+      one_row_documents(docs, seq_len),
+      checkpointing.eval_key(config),
+      max_batches=max_batches or None,
+  )
+  for mode, m in modes.items():
+    mean, se, n = per_document_bpb(cut[mode]['unit_ce'], cut[mode]['unit_bytes'])
+    m.update(doc_bpb=mean, doc_bpb_se=se, doc_bpb_documents=n, doc_bpb_bytes=seq_len - 1)
   first = next(iter(modes.values()))
   report = {
       'checkpoint': paths.absolute(checkpoint),

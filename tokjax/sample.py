@@ -10,6 +10,10 @@ cache for the chunk layers) so each byte costs one position's work; --no_cache r
 on the full buffer for every byte; --compare runs both with the same key, checks that they produced the
 same bytes and boundaries and prints both speeds. See tokjax/decoding.py.
 
+Longer than the training seq_len (prompt + --num_bytes + 1 positions), generation slides the window
+(`decoding.slide`: each step restarts from BOS and the last seq_len // 2 bytes, so memory stays
+bounded for any --num_bytes) and prints the text as it is made; boundaries are shown within each step.
+
 A model with several stages (config.model.stages > 1) draws the boundaries of every level on the fly
 and generates without caches (one full forward per byte, `decoding.generate_stages`; the README says
 why); its text is printed with '|' after a stage-0 chunk and '||' where a stage-1 chunk ends too.
@@ -70,6 +74,27 @@ def run_generation(
   }
 
 
+def stream_generation(
+    model, params, prompt: bytes, num_bytes: int, key, mode, temperature, top_k, cached, window
+):
+  """`decoding.slide` for one prompt: yields (new bytes, their boundaries float32[S, n]) step by step,
+  with buffers of at most `window` positions, so any num_bytes runs in memory O(window)."""
+  steps = decoding.slide(
+      model,
+      params,
+      [prompt],
+      key,
+      window=window,
+      max_bytes=num_bytes,
+      mode=mode,
+      temperature=temperature,
+      top_k=top_k,
+      cached=cached,
+  )
+  for news in steps:
+    yield news[0]
+
+
 def define_flags():
   """The command-line flags (defined only when this module is the entry point)."""
   flags.DEFINE_string('checkpoint', None, 'Run folder of a training run (its workdir).')
@@ -121,26 +146,32 @@ def main(argv):
         f'--compare needs a one-stage model; this {stages}-stage model has no cached generation.'
     )
   total = len(prompt) + 1 + f.num_bytes
-  if total > ckpt.config.data.seq_len:
-    print(
-        f'note: {total} positions exceed the training seq_len {ckpt.config.data.seq_len}; the chunk '
-        'layers extrapolate.'
-    )
+  seq_len = ckpt.config.data.seq_len
   key = jax.random.PRNGKey(f.seed)
+  args = (ckpt.model, ckpt.params, prompt, f.num_bytes, key, f.boundaries, f.temperature, f.top_k)
+  if total > seq_len:
+    if f.compare:
+      raise UserError(
+          f'--compare needs prompt and continuation within the training seq_len {seq_len} '
+          f'({total} positions asked); lower --num_bytes.'
+      )
+    print(
+        f'note: {total} positions exceed the training seq_len {seq_len}: the window slides (each '
+        f'step restarts from BOS and the last {seq_len // 2} bytes).'
+    )
+    print(f'--- {f.boundaries} boundaries, {segmentation.legend(stages)} ---')
+    print(prompt.decode('utf-8', errors='replace'), end='', flush=True)
+    t0, made = time.perf_counter(), 0
+    for new, actions in stream_generation(*args, not f.no_cache, seq_len):
+      made += len(new)
+      print(segmentation.render(new, actions, terminal=True), end='', flush=True)
+    seconds = time.perf_counter() - t0
+    print(f'\n---\n{made} bytes in {seconds:.1f} s (compilation included)')
+    return
   paths = [True, False] if f.compare else [not f.no_cache and stages == 1]
   runs = {}
   for cached in paths:
-    runs[cached] = run_generation(
-        ckpt.model,
-        ckpt.params,
-        prompt,
-        f.num_bytes,
-        key,
-        f.boundaries,
-        f.temperature,
-        f.top_k,
-        cached,
-    )
+    runs[cached] = run_generation(*args, cached)
   res = runs[paths[0]]
   legend = segmentation.legend(stages)
   print(f'--- {f.boundaries} boundaries, {legend}; prompt: {len(prompt)} bytes ---')
