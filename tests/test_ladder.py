@@ -101,6 +101,7 @@ def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
   assert resumed.returncode == 0, resumed.stdout + resumed.stderr
   log = open(os.path.join(_run_dir(stopped), 'train.log')).read()
   assert 'resumed from step' in log  # The run really was cut short and continued.
+  assert 'continue with the ladder command and --resume' in log
   reference.communicate(timeout=600)
   assert reference.returncode == 0
 

@@ -40,7 +40,7 @@ from absl import flags, logging
 import numpy as np
 
 from tokjax import cli, evaluation, flops
-from tokjax.errors import UserError
+from tokjax.errors import Interrupted, UserError
 from tokjax.metric_writers import read_metrics
 
 ONE_THREAD = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
@@ -146,7 +146,13 @@ def work(run_dir: str) -> dict:
   if result is None:
     t0 = time.time()
     resume = _has_checkpoint(run_dir)
-    train_lib.train(config, resume=resume, overwrite=not resume)
+    try:
+      train_lib.train(config, resume=resume, overwrite=not resume)
+    except Interrupted as e:  # The trainer's own hint names this worker's command line.
+      raise Interrupted(
+          f'{run.name} stopped, checkpoint saved; continue with the ladder command and --resume',
+          e.exit_code - 128,
+      ) from None
     result = {'run': spec, 'train_wall_s': time.time() - t0}
   ckpt = checkpointing.load_checkpoint(run_dir)
   splits = _splits(config, run.corpus)
