@@ -59,24 +59,26 @@ def test_summarize_pairs_every_method_with_the_reference_at_its_best_lr():
   assert ladder.best_lrs(rows) == {'policy': 2e-3, 'uniform': 2e-3}
 
 
-def _ladder(out, *extra):
-  """The ladder command over one tiny policy run (about 200 steps, checkpoints every 20)."""
+def _ladder(out, *extra, methods='policy'):
+  """The ladder command over tiny runs (about 200 steps each, checkpoints every 20)."""
   cmd = [sys.executable, '-m', 'tokjax.experiments.ladder', '--tiny', '--corpus', 'stdlib']
   cmd += ['--set', 'data.max_bytes=200000', '--set', 'train.checkpoint_every=20']
   cmd += ['--set', 'train.log_every=10', '--set', 'eval.max_batches=2']
-  cmd += ['--budgets', '5e4', '--methods', 'policy', '--jobs', '1', '--progress_s', '2']
+  cmd += ['--budgets', '5e4', '--methods', methods, '--jobs', '1', '--progress_s', '2']
   return cmd + ['--out', str(out), *extra]
 
 
-def _run_dir(out):
-  (name,) = os.listdir(os.path.join(out, 'runs'))
+def _run_dir(out, method='policy'):
+  (name,) = [n for n in os.listdir(os.path.join(out, 'runs')) if n.startswith(method + '-')]
   return os.path.join(out, 'runs', name)
 
 
 def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
   whole, stopped = tmp_path / 'whole', tmp_path / 'stopped'
   reference = subprocess.Popen(_ladder(whole), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-  proc = subprocess.Popen(_ladder(stopped), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  # Two runs, one job: the second is still waiting when the first is stopped.
+  two = dict(methods='policy,uniform')
+  proc = subprocess.Popen(_ladder(stopped, **two), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
   deadline = time.time() + 300
   while time.time() < deadline:  # Stop once the run has saved its first checkpoint.
     runs = stopped / 'runs'
@@ -96,7 +98,7 @@ def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
     ladder.execute(str(stopped), [run], scoring, 1, False, 60, 4)
 
   resumed = subprocess.run(
-      _ladder(stopped, '--resume'), capture_output=True, text=True, timeout=600
+      _ladder(stopped, '--resume', **two), capture_output=True, text=True, timeout=600
   )
   assert resumed.returncode == 0, resumed.stdout + resumed.stderr
   log = open(os.path.join(_run_dir(stopped), 'train.log')).read()
@@ -119,6 +121,7 @@ def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
 
   # Idempotent: a finished ladder reads its results back and trains nothing.
   assert ladder.status(str(stopped), run, scoring) == 'done'
+  assert os.path.exists(os.path.join(_run_dir(stopped, 'uniform'), 'result.json'))
   mtime = os.path.getmtime(os.path.join(_run_dir(stopped), 'metrics.jsonl'))
   assert ladder.execute(str(stopped), [run], scoring, 1, False, 60, 4) == 0
   assert os.path.getmtime(os.path.join(_run_dir(stopped), 'metrics.jsonl')) == mtime

@@ -312,7 +312,7 @@ def execute(
   old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
   last_progress = time.time()
   try:
-    while todo or running:
+    while running or (todo and stopping['signal'] is None):
       while todo and free and stopping['signal'] is None:
         run, core = todo.pop(0), free.pop(0)
         d = os.path.join(out_dir, 'runs', run.name)
@@ -320,12 +320,14 @@ def execute(
         write_spec(d, run, scoring)
         env = dict(os.environ, XLA_FLAGS=(os.environ.get('XLA_FLAGS', '') + ' ' + ONE_THREAD))
         log = open(os.path.join(d, 'train.log'), 'a')
+        # The worker pins itself (no Python between fork and exec: this process runs JAX), in a
+        # session of its own so that a Ctrl-C reaches it only through stop() below.
         p = subprocess.Popen(
-            [sys.executable, '-m', 'tokjax.experiments.ladder', '--worker', d],
+            [sys.executable, '-m', 'tokjax.experiments.ladder', '--worker', d, f'--core={core}'],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            preexec_fn=lambda c=core: (os.sched_setaffinity(0, {c}), os.setpgrp()),
+            start_new_session=True,
         )
         log.close()
         running[p] = (run, core, time.time())
@@ -630,6 +632,8 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   f = flags.FLAGS
   if f.worker:
+    if f.core is not None:
+      os.sched_setaffinity(0, {f.core})  # Before JAX starts its threads, which inherit it.
     work(f.worker)
     return
   from tokjax.experiments import compare  # pylint: disable=g-import-not-at-top
@@ -722,6 +726,7 @@ def define_flags():
   flags.DEFINE_float('progress_s', 60.0, 'Seconds between progress lines.')
   flags.DEFINE_string('out', 'results/ladder/run', 'Results folder.')
   flags.DEFINE_string('worker', None, 'Internal: train and score the run in this folder.')
+  flags.DEFINE_integer('core', None, 'Internal: the core a worker runs on.')
 
 
 if __name__ == '__main__':
