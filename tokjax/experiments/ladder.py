@@ -543,6 +543,7 @@ def write_outputs(out_dir, rows, meta) -> None:
 
 def _plot(out_dir, rows, meta) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib.ticker  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -598,6 +599,7 @@ def _plot(out_dir, rows, meta) -> None:
       ('training bytes', 'training bytes', 'training FLOPs (realised rate)'),
   ):
     ax.set_xscale('log')
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # Unreadable within a decade.
     ax.set_xlabel(xl)
     ax.set_title(title)
     ax.grid(alpha=0.3)
