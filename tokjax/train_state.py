@@ -216,7 +216,7 @@ def _train_step(objective, tx, accum_steps, state, batch, key):
     )
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics['grad_norm'] = optax.global_norm(grads)
+  metrics['grad_norm'] = optax.tree.norm(grads)
   ok = jnp.isfinite(loss) & jnp.isfinite(metrics['grad_norm'])
   keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
   return (
