@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from tokjax import config_defaults, models, sharding, train_state
+from tokjax import config_defaults, estimator, models, sharding, train_state
 from tokjax.errors import UserError
 
 
@@ -100,3 +100,25 @@ def test_accumulation_steps_must_divide_the_batch():
   for accum, match in [(3, 'does not divide'), (0, 'positive integer'), (16, 'does not divide')]:
     with pytest.raises(UserError, match=match):
       train_state.Trainer(_config(accum=accum), mesh)
+
+
+def test_micro_batches_of_one_row_are_rejected_under_the_batch_relative_baseline():
+  mesh = sharding.make_mesh(_config().mesh)
+  with pytest.raises(UserError, match='micro-batches of one row'):
+    train_state.Trainer(_config(accum=8), mesh)
+  # Without a batch-relative baseline, or without a score-function method, one row is a valid batch.
+  for config in (_config(accum=8), _config(method='stride', accum=8)):
+    if config.boundary.method == 'policy':
+      config.estimator.baseline = 'none'
+    train_state.Trainer(config, mesh)
+
+
+@pytest.mark.parametrize('m', [1, 2, 4])
+def test_batch_relative_advantage_is_the_leave_one_out_advantage_scaled_by_one_minus_one_over_m(m):
+  # The scale train_state's docstring states: over m rows, r - mean = (1 - 1/m) (r - others' mean).
+  r = jax.random.normal(jax.random.PRNGKey(m), (m, 16))
+  adv = estimator.batch_relative_advantages(r, jnp.ones_like(r))
+  others = (jnp.sum(r, 0, keepdims=True) - r) / max(m - 1, 1)
+  np.testing.assert_allclose(adv, (1 - 1 / m) * (r - others), rtol=1e-5, atol=1e-6)
+  if m == 1:
+    assert float(jnp.abs(adv).max()) == 0.0

@@ -1,6 +1,6 @@
-"""The commands' terminal behaviour: --help exits 0, config syntax errors and non-UTF-8 prompts are one
-`error:` line, third-party INFO logs only with --verbosity, evaluate without `tokenizers`, and
-segmentation previews that cannot drive the terminal."""
+"""The commands' terminal behaviour: --help exits 0, config syntax errors, unknown config variants and
+non-UTF-8 prompts are one `error:` line, third-party INFO logs only with --verbosity, evaluate without
+`tokenizers`, and segmentation previews that cannot drive the terminal."""
 
 import os
 import subprocess
@@ -120,3 +120,35 @@ def test_preview_escapes_non_printable_bytes():
 def test_terminal_render_keeps_printable_text(text):
   actions = np.zeros(len(text))
   assert segmentation.render(text, actions, terminal=True) == text.decode()
+
+
+def _config_commands():
+  """Every command module that defines a --config flag, found in the source."""
+  found = []
+  for root, _, files in os.walk(os.path.join(REPO, 'tokjax')):
+    for name in files:
+      path = os.path.join(root, name)
+      if name.endswith('.py') and 'DEFINE_config_file(' in open(path, encoding='utf-8').read():
+        found.append(os.path.relpath(path, REPO)[:-3].replace(os.sep, '.'))
+  return sorted(found)
+
+
+def test_unknown_config_variant_is_one_line_for_every_command_with_a_config(tmp_path):
+  commands = _config_commands()
+  assert 'tokjax.train' in commands and len(commands) >= 2
+  procs = {
+      m: subprocess.Popen(
+          [sys.executable, '-m', m, '--config=configs/compare.py:nosuch'],
+          cwd=REPO,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+      )
+      for m in commands
+  }
+  for m, p in procs.items():
+    _, err = p.communicate(timeout=300)
+    err = err.decode(errors='replace')
+    assert p.returncode == 2, (m, err[-2000:])
+    assert 'Traceback' not in err, (m, err[-2000:])
+    (line,) = [l for l in err.splitlines() if l.startswith('error:')]
+    assert "unknown config variant 'nosuch'" in line, (m, line)

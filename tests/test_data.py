@@ -150,7 +150,7 @@ def test_prepare_is_idempotent_and_atomic(tmp_path, monkeypatch, capsys):
 
   monkeypatch.setitem(prepare._FETCHERS, "shakespeare", fake_fetch)
   monkeypatch.setenv("TOKJAX_DATA_DIR", str(tmp_path))
-  assert prepare.default_data_dir() == tmp_path
+  assert corpora.default_data_dir() == tmp_path
   assert prepare.main(["shakespeare"]) == 0
   assert prepare.main(["shakespeare"]) == 0
   assert len(calls) == 1 and "already prepared" in capsys.readouterr().out

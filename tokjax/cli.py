@@ -61,6 +61,8 @@ def _parse(argv):
       if name in flags.FLAGS and flags.FLAGS[name].value is not None:
         _ = flags.FLAGS[name].value.keys()
     return args
+  except UserError as e:  # A config file's get_config rejecting its argument (e.g. a variant).
+    fail(str(e))
   except flags.Error as e:
     cause = e.__cause__ or e.__context__
     if isinstance(cause, SyntaxError):

@@ -112,13 +112,14 @@ def base_config() -> ml_collections.ConfigDict:
       keep_checkpoints=2,
       workdir='runs/default',
   )
-  # Memory and speed options (issue 15; tokjax/models/layers.py, tokjax/train_state.py). The defaults
-  # change nothing; each is checked where it is used (layers.stack_options, train_state.Trainer).
+  # Memory and speed options for the paper's sizes on accelerators (tokjax/models/layers.py,
+  # tokjax/train_state.py). The defaults change nothing; each is checked where it is used
+  # (layers.stack_options, train_state.Trainer).
   c.model.remat = dict(encoder='none', main='none', decoder='none')  # 'none' | 'dots' | 'full'.
   c.model.scan_layers = False  # nn.scan over identical blocks (a different parameter tree).
   c.model.attention = 'blocked'  # 'blocked' | 'dot_product' | 'cudnn' (GPU, bfloat16).
   c.optim.grad_accum_steps = 1  # Micro-batches per step (divides data.batch_size).
-  # scale (#15): jax.profiler trace of train steps N..M inclusive, written to <workdir>/profile;
+  # Profiling at scale: jax.profiler trace of train steps N..M inclusive, written to <workdir>/profile;
   # (0, 0) = off. Read by tokjax.profiling.StepProfiler.from_config.
   c.train.profile_steps = (0, 0)
   c.eval = dict(
@@ -412,7 +413,7 @@ def validate(config) -> None:
     )
 
 
-# The paper's reference setups (method.md): d, heads, down/mid/up, seq, batch, lr, bytes, corpus.
+# The paper's reference setups: d, heads, down/mid/up, seq, batch, lr, bytes, corpus.
 PAPER_SIZES = {
     '147m': dict(
         d=768,

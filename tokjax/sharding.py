@@ -73,8 +73,12 @@ def rules(mesh_config):
 
 @contextlib.contextmanager
 def use(mesh: Mesh, mesh_config):
-  """Context in which to trace and run sharded code: the mesh and the logical-axis rules."""
-  with mesh, nn.logical_axis_rules(rules(mesh_config)):
+  """Context in which to trace and run sharded code: the mesh and the logical-axis rules.
+
+  `jax.set_mesh` (not the deprecated `with mesh:`) also sets the abstract mesh that linen's logical
+  constraints read, so `nn.with_logical_constraint` takes effect inside jit.
+  """
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules(mesh_config)):
     yield
 
 
@@ -103,7 +107,10 @@ def tree_shardings(boxed_abstract_tree, mesh: Mesh, mesh_config):
   """
   specs = nn.get_partition_spec(boxed_abstract_tree)
   shardings = nn.logical_to_mesh_sharding(specs, mesh, rules(mesh_config))
-  shapes = nn.unbox(boxed_abstract_tree)
+  # The boxes' values, not nn.unbox: under a set mesh unboxing applies the logical constraint, which
+  # has no meaning for abstract shapes.
+  boxed = lambda x: isinstance(x, nn.meta.AxisMetadata)
+  shapes = jax.tree.map(lambda x: x.value if boxed(x) else x, boxed_abstract_tree, is_leaf=boxed)
   replicated = []
 
   def fit(path, sharding, leaf):

@@ -8,7 +8,11 @@ so activations are held for B / n rows at a time. The step then applies mean_i g
 loss_i is the objective on micro-batch i with key fold_in(key, i). What couples rows of a batch is
 therefore computed per micro-batch, and this is how the accumulated step differs from the plain one:
   - the score function's batch-relative baseline (estimator.baseline='batch') is the mean over the
-    micro-batch's B / n rows, not over all B (and leave-one-out groups stay within a micro-batch);
+    micro-batch's m = B / n rows, not over all B (and leave-one-out groups stay within a micro-batch).
+    That mean includes the row's own reward, so the advantage is r - mean = (1 - 1/m) (r - mean of
+    the other m - 1 rows) = (1 - n/B) x the micro-batch's leave-one-out advantage (the plain step's
+    scale is 1 - 1/B); at B / n = 1 every advantage is 0, so `check_accumulation` rejects
+    micro-batches of one row under that baseline;
   - the rate loss's stop-gradient controller uses the micro-batch's mean boundary probability;
   - boundaries are drawn with a key per micro-batch, so the draws differ from the plain step's;
   - masked means are per micro-batch, then averaged with equal weights: equal to the global mean when
@@ -25,8 +29,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tokjax import models, sharding
+from tokjax import config_defaults, models, sharding
 from tokjax.errors import UserError
+from tokjax.models import registry
 
 
 @flax.struct.dataclass
@@ -144,6 +149,13 @@ def check_accumulation(config, mesh) -> int:
         f'config.optim.grad_accum_steps={n} does not divide config.data.batch_size={b}; choose a '
         f'divisor of {b} (micro-batches hold batch_size / grad_accum_steps rows).'
     )
+  if b // n == 1 and config.estimator.baseline == 'batch' and _trains_score_function(config):
+    raise UserError(
+        f'micro-batches of one row (data.batch_size={b} / optim.grad_accum_steps={n}) make every '
+        "batch-relative advantage 0 (estimator.baseline='batch' subtracts the row's own reward), "
+        'so the policy gets no gradient; use at least 2 rows per micro-batch or '
+        '--config.estimator.baseline=rloo.'
+    )
   shards = mesh.shape['data'] * mesh.shape['fsdp']
   if (b // n) % shards:
     raise UserError(
@@ -152,6 +164,16 @@ def check_accumulation(config, mesh) -> int:
         f'a multiple of {shards}.'
     )
   return n
+
+
+def _trains_score_function(config) -> bool:
+  """Whether some level of boundaries is trained by the score function (and so by its baseline)."""
+  if config.model.kind != 'hierarchical':
+    return False
+  names = [config.boundary.method]
+  if config_defaults.stage_count(config) > 1:
+    names += list(config.stages.method)
+  return any(registry.get(name).score_function for name in names)
 
 
 def micro_batches(batch, n: int):
@@ -194,7 +216,7 @@ def _train_step(objective, tx, accum_steps, state, batch, key):
     )
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics['grad_norm'] = optax.global_norm(grads)
+  metrics['grad_norm'] = optax.tree.norm(grads)
   ok = jnp.isfinite(loss) & jnp.isfinite(metrics['grad_norm'])
   keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
   return (

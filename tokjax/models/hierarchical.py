@@ -35,9 +35,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tokjax.data import PAD_ID
 from tokjax.models import boundaries as bd
 from tokjax.models import chunking, layers
+from tokjax.vocab import PAD_ID
 
 
 class HierarchicalByteLM(nn.Module):

@@ -56,16 +56,22 @@ def register(method: BoundaryMethod) -> BoundaryMethod:
   return method
 
 
+# The modules that declare the built-in methods, loaded by name the first time the registry is read:
+# they import this module to declare their methods, so it must not import them. boundaries.py comes
+# first, so that 'policy' is the first method; then every module of the rivals package.
+_BUILTIN_MODULES = ('tokjax.models.boundaries',)
+_RIVALS_PACKAGE = 'tokjax.models.rivals'
+
+
 def _discover() -> None:
   if _DISCOVERED:
     return
   _DISCOVERED.append(True)
-  # pylint: disable=g-import-not-at-top
-  from tokjax.models import boundaries, rivals  # boundaries registers 'policy' first.
-
-  del boundaries
+  for name in _BUILTIN_MODULES:
+    importlib.import_module(name)
+  rivals = importlib.import_module(_RIVALS_PACKAGE)
   for info in sorted(pkgutil.iter_modules(rivals.__path__), key=lambda i: i.name):
-    importlib.import_module(f'{rivals.__name__}.{info.name}')
+    importlib.import_module(f'{_RIVALS_PACKAGE}.{info.name}')
 
 
 def methods() -> dict[str, BoundaryMethod]:

@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 from tokjax.models import registry
 from tokjax.models.rivals import common
+from tokjax.vocab import BOS_ID, PAD_ID
 
 
 def _tokenizers():
@@ -124,7 +124,7 @@ def cached_tokenizer_json(config) -> str:
       )
     with open(path) as f:
       return f.read()
-  from tokjax.data import pipeline, prepare  # pylint: disable=g-import-not-at-top
+  from tokjax.data import corpora, pipeline  # pylint: disable=g-import-not-at-top
 
   d = config.data
   key = repr(
@@ -139,7 +139,7 @@ def cached_tokenizer_json(config) -> str:
       # Tokenizers fitted before the pretokenize setting existed keep their cache key.
       + (() if config.boundary.bpe.pretokenize == 'words' else (config.boundary.bpe.pretokenize,))
   )
-  folder = os.path.join(d.data_dir or str(prepare.default_data_dir()), 'bpe')
+  folder = os.path.join(d.data_dir or str(corpora.default_data_dir()), 'bpe')
   path = os.path.join(folder, hashlib.sha1(key.encode()).hexdigest()[:16] + '.json')
   if not os.path.isfile(path):
     splits = pipeline.load_splits(d)

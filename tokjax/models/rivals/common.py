@@ -8,8 +8,8 @@ boundary, capacity rule). None of them has score-function decisions, so `free` i
 import jax
 import jax.numpy as jnp
 
-from tokjax.data import PAD_ID
 from tokjax.models import boundaries as bd
+from tokjax.vocab import PAD_ID
 
 
 def valid_mask(tokens, shape):

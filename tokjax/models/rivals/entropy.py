@@ -17,10 +17,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tokjax.data import VOCAB_SIZE
 from tokjax.models import boundaries as bd
 from tokjax.models import registry
 from tokjax.models.rivals import common
+from tokjax.vocab import VOCAB_SIZE
 
 THRESHOLD_SCALE = 30.0
 # Nats. Above the largest possible entropy, ln 258 (uniform over the vocabulary): an untrained early

@@ -15,9 +15,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tokjax.data import BOS_ID
 from tokjax.models import registry
 from tokjax.models.rivals import common
+from tokjax.vocab import BOS_ID
 
 
 def spacelike(tokens):
