@@ -258,16 +258,13 @@ def _hf_documents(spec: str) -> Iterator[bytes]:
     raise UserError(f"unknown Hugging Face corpus {spec!r}; {_HELP_SPECS}")
   if not file.is_file():
     raise UserError(f"corpus file {file} (from {spec!r}) does not exist; fix the path")
-  try:
-    import datasets  # pylint: disable=g-import-not-at-top
-
-    rows = datasets.load_dataset(kind, data_files=str(file), split="train")
-  except ImportError:
-    # Same rows without `datasets`, so local tables need no extra install.
-    if kind == "parquet":
-      rows = _parquet_rows(file, field or "text", spec)
-    else:
-      rows = _jsonl_rows(file, spec)
+  # Read here, not through `datasets`: local tables need no extra install, and the same file gives
+  # the same documents whether or not it is installed (its JSON reader rejects blank lines and
+  # lone surrogates, which these readers keep).
+  if kind == "parquet":
+    rows = _parquet_rows(file, field or "text", spec)
+  else:
+    rows = _jsonl_rows(file, spec)
   return _field_documents(rows, field or "text", spec)
 
 
