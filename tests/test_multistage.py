@@ -23,7 +23,18 @@ SHARDED_MESH = (2, 2, 2)  # (data, fsdp, tensor): all 8 devices, the batch split
 # ------------------------------------------------------------------------------ model helpers
 
 
-def _two_stage(w0=1, w1=1, c0=16, c1=6, r0=0.3, r1=0.4, d=32, byte_window=8, inner_window=0):
+def _two_stage(
+    w0=1,
+    w1=1,
+    c0=16,
+    c1=6,
+    r0=0.3,
+    r1=0.4,
+    d=32,
+    byte_window=8,
+    inner_window=0,
+    attention='blocked',
+):
   """A policy/policy two-stage HierarchicalByteLM (one layer per stack, scale 1 for w > 1)."""
   from tokjax.models import boundaries as bd  # pylint: disable=g-import-not-at-top
   from tokjax.models import hierarchical  # pylint: disable=g-import-not-at-top
@@ -43,6 +54,7 @@ def _two_stage(w0=1, w1=1, c0=16, c1=6, r0=0.3, r1=0.4, d=32, byte_window=8, inn
       inner_encoder_layers=(1,),
       inner_decoder_layers=(1,),
       inner_window=(inner_window,),
+      attention=attention,
   )
 
 
@@ -234,6 +246,32 @@ def test_two_stage_model_is_causal_at_both_levels_with_overflow(w0, w1, inner_wi
     assert np.abs(np.asarray(base['logits'][:, t + 1 :] - out['logits'][:, t + 1 :])).max() > 1e-3
   # The comparisons covered stage-1 decisions that the policy made (not only forced ones).
   assert np.any(np.asarray(base['inner'][0]['boundaries'].free))
+
+
+def test_inner_windows_are_bytes_on_every_attention_path():
+  """config.stages.window is a width in bytes: with an inner window of 12 bytes (a few stage-0
+  chunks, far fewer than the 16 chunk slots) the 'dot_product' path gives the blocked path's logits,
+  early exits and boundaries for the same parameters, and both differ from full inner attention (so
+  the window binds)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  tokens = jax.random.randint(jax.random.PRNGKey(4), (3, 64), 0, 256)
+  key = jax.random.PRNGKey(3)
+  run = lambda window, attention: jax.jit(
+      _two_stage(c0=20, c1=8, r0=0.3, inner_window=window, attention=attention).apply
+  )
+  params = {'params': _init(_two_stage(c0=20, c1=8, r0=0.3, inner_window=12), tokens, key)}
+  blocked = run(12, 'blocked')(params, tokens, key)
+  dpa = run(12, 'dot_product')(params, tokens, key)
+  full = run(0, 'blocked')(params, tokens, key)
+  np.testing.assert_array_equal(
+      dpa['inner'][0]['boundaries'].actions, blocked['inner'][0]['boundaries'].actions
+  )
+  np.testing.assert_allclose(dpa['logits'], blocked['logits'], atol=1e-4)
+  np.testing.assert_allclose(
+      dpa['inner'][0]['early_logits'], blocked['inner'][0]['early_logits'], atol=1e-4
+  )
+  assert np.abs(np.asarray(full['logits'] - blocked['logits'])).max() > 1e-2
 
 
 # ------------------------------------------------------------------------------ 3. unbiasedness
