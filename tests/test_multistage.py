@@ -274,6 +274,20 @@ def test_inner_windows_are_bytes_on_every_attention_path():
   assert np.abs(np.asarray(full['logits'] - blocked['logits'])).max() > 1e-2
 
 
+@pytest.mark.parametrize(
+    'name,arg', [('two_stage', None), ('two_stage', 'learned,tiny'), ('paper_two_stage_40m', None)]
+)
+def test_two_stage_configs_window_every_inner_stage(name, arg):
+  """The two-stage configs make stage 1 a bottleneck: its layers attend over fewer bytes than a
+  sequence holds (the byte layers' window), so only the main layers read the whole sequence."""
+  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+
+  c = config_defaults.load(name, arg)
+  config_defaults.validate(c)
+  assert c.stages.window == (c.model.byte_window,)
+  assert 0 < c.model.byte_window < c.data.seq_len
+
+
 # ------------------------------------------------------------------------------ 3. unbiasedness
 
 
