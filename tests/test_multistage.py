@@ -447,6 +447,81 @@ def test_each_stage_score_function_is_unbiased_by_exact_enumeration():
   assert err > 1e-2 * max(float(jnp.abs(x).max()) for x in jax.tree.leaves(exact)), err
 
 
+def test_stage_estimator_settings_default_to_the_shared_ones_and_touch_only_their_stage():
+  """config.stages.{gamma, lambda_rl, lambda_rate, baseline} left empty give, bit for bit, the
+  objective of the same values set explicitly (config.estimator's: today's shared settings); other
+  values change stage 1's terms and leave every stage-0 metric bit for bit."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from tokjax import config_defaults, models  # pylint: disable=g-import-not-at-top
+
+  batch = {k: np.asarray(v) for k, v in _batch().items()}
+  runs = {}
+  est = _small_config(2).estimator
+  for name, fields in (
+      ('default', {}),
+      ('explicit', dict(gamma=est.gamma, lambda_rl=est.lambda_rl, lambda_rate=est.lambda_rate)),
+      ('stage1', dict(gamma=0.5, lambda_rl=0.3, lambda_rate=0.2)),
+  ):
+    c = _small_config(2)
+    c.stages.update({k: (v,) for k, v in fields.items()})
+    if fields:
+      c.stages.baseline = ('batch' if name == 'explicit' else 'none',)
+    config_defaults.validate(c)
+    model = models.build_model(c)
+    if not runs:
+      params = _init(model, *models.init_args(c, 4, 32))
+    loss, (metrics, _) = jax.jit(models.objective(c, model))(
+        params, batch, jax.random.PRNGKey(3), 0
+    )
+    runs[name] = {'loss': float(loss), **{k: float(v) for k, v in metrics.items()}}
+  assert runs['explicit'] == runs['default']
+  changed = runs['stage1']
+  for k, v in runs['default'].items():
+    if k.startswith('stage1_') and k.endswith(('policy_loss', 'return_abs')):
+      assert changed[k] != v, k
+    elif not k.startswith('stage1_') and k != 'loss':
+      assert changed[k] == v, k
+  assert changed['loss'] != runs['default']['loss']
+
+
+def test_policy_and_rate_losses_weigh_a_decision_alike_at_every_stage():
+  """One normalisation rule: at stage 0 (decisions over L bytes) and stage 1 (decisions over N < L
+  chunks), d loss / d log pi(a) = -lambda_rl * G / (B * L) and d loss / d logit = lambda_rate *
+  (mean p - r*) / (B * L) at each of the stage's free decisions, and 0 elsewhere."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from tokjax import estimator  # pylint: disable=g-import-not-at-top
+  from tokjax.models import boundaries as bd  # pylint: disable=g-import-not-at-top
+
+  b, l, n, r = 3, 24, 9, 0.3
+  cfg = _small_config(2).estimator
+  cfg.update(baseline='none', gamma=0.0, lambda_rl=0.7, lambda_rate=0.4, reward='plain')
+  rng = np.random.default_rng(0)
+  ce_full = jnp.asarray(rng.random((b, l)), jnp.float32)
+  mask = jnp.ones((b, l), jnp.float32)
+  for positions in (None, jnp.asarray(np.sort(rng.choice(l, (b, n)), axis=1), jnp.int32)):
+    width = l if positions is None else n
+    logits = jnp.asarray(rng.normal(size=(b, width)), jnp.float32)
+    free = jnp.asarray(rng.random((b, width)) < 0.6)
+    probs = jax.nn.sigmoid(logits)
+
+    def loss(lg, lp, free=free, positions=positions):
+      zeros = jnp.zeros(lg.shape)
+      bnd = bd.Boundaries(zeros, lg, jax.nn.sigmoid(lg), lp, free, zeros)
+      return estimator.score_function_terms(
+          ce_full, ce_full, bnd, mask, cfg, positions=positions, target_rate=r
+      )[0]
+
+    lp = jax.nn.log_sigmoid(logits)
+    d_logit, d_lp = jax.grad(loss, (0, 1))(logits, lp)
+    err = float(jnp.sum(probs * free) / jnp.sum(free)) - r
+    g = -ce_full if positions is None else jnp.take_along_axis(-ce_full, positions, axis=1)
+    np.testing.assert_allclose(d_logit, np.where(free, 0.4 * err / (b * l), 0), atol=1e-8)
+    np.testing.assert_allclose(d_lp, np.where(free, -0.7 * g / (b * l), 0), atol=1e-8)
+
+
 # ------------------------------------------------------------------------------ 4. sharded step
 
 
@@ -587,6 +662,12 @@ def test_two_stage_run_resumes_exactly(tmp_path):
         ({'model.stages': 0}, 'config.model.stages=0 must be an integer >= 1'),
         ({'stages.method': ('whitespace',)}, "config.stages.method[0]='whitespace' cannot"),
         ({'stages.method': ('entropy',)}, "config.stages.method[0]='entropy' cannot"),
+        ({'stages.gamma': (0.9, 0.9)}, 'config.stages.gamma has 2 entries'),
+        ({'stages.gamma': (1.5,)}, 'config.stages.gamma[0]=1.5 must be in [0, 1]'),
+        ({'stages.lambda_rl': (-1.0,)}, 'config.stages.lambda_rl[0]=-1.0 must be >= 0'),
+        ({'stages.baseline': ('mean',)}, "config.stages.baseline[0]='mean' is not valid"),
+        ({'stages.baseline': ('value',)}, "config.stages.baseline[0]='value' needs a critic"),
+        ({'stages.baseline': ('rloo',)}, "config.stages.baseline[0]='rloo' needs 4 boundary"),
     ],
 )
 def test_bad_stage_settings_are_one_clear_line(changes, message):

@@ -66,6 +66,12 @@ def base_config() -> ml_collections.ConfigDict:
       encoder_layers=(),  # Layers over the stage's input chunks before its boundaries.
       decoder_layers=(),  # Layers over them after the inner stages' output is added back.
       window=(),  # Attention width of those layers in bytes (0 = full causal attention).
+      # The score function of each stage (tokjax/estimator.py, `estimator.stage_settings`): one entry
+      # per stage, or () for config.estimator's value at every stage (the default).
+      gamma=(),
+      lambda_rl=(),
+      lambda_rate=(),
+      baseline=(),  # 'none' | 'batch' | 'rloo' (only with estimator.baseline='rloo').
   )
   # One sub-section per registered boundary method with settings (config.boundary.NAME, from the
   # method's registry entry: tokjax/models/registry.py) and per estimator baseline with settings
@@ -328,11 +334,50 @@ def _validate_stages(config) -> None:
         raise UserError(f'config.stages.{field}[{i}]={v!r} must be an integer >= {low}.')
     if method.validate:
       method.validate(stage_config(config, s))
+  _validate_stage_estimators(config, n)
   if config.estimator.baseline == 'value':
     raise UserError(
         f'config.estimator.baseline="value" has one critic, for stage 0; with config.model.stages='
         f'{n} use "batch", "rloo" or "none" (each applies per stage).'
     )
+
+
+def _validate_stage_estimators(config, n: int) -> None:
+  st, est = config.stages, config.estimator
+  for field in estimator.STAGE_FIELDS:
+    if len(st.get(field, ())) not in (0, n - 1):
+      raise UserError(
+          f'config.stages.{field} has {len(st[field])} entries but config.model.stages={n} needs '
+          f'{n - 1} (one per stage above the bytes) or none (config.estimator.{field} at every '
+          'stage).'
+      )
+  draws = estimator.baseline(est.baseline).draws(est)
+  for s in range(1, n):
+    i, cfg = s - 1, estimator.stage_settings(config, s)
+    if len(st.get('gamma', ())) and not 0.0 <= cfg.gamma <= 1.0:
+      raise UserError(f'config.stages.gamma[{i}]={st.gamma[i]!r} must be in [0, 1].')
+    for field in ('lambda_rl', 'lambda_rate'):
+      if len(st.get(field, ())) and not cfg[field] >= 0.0:
+        raise UserError(f'config.stages.{field}[{i}]={st[field][i]!r} must be >= 0.')
+    if not len(st.get('baseline', ())):
+      continue
+    name = st.baseline[i]
+    if name not in estimator.BASELINES:
+      raise UserError(
+          f'config.stages.baseline[{i}]={name!r} is not valid; use one of '
+          f'{tuple(k for k, b in estimator.BASELINES.items() if not b.critic)}.'
+      )
+    b = estimator.baseline(name)
+    if b.critic:
+      raise UserError(
+          f'config.stages.baseline[{i}]={name!r} needs a critic, and the model has one only for '
+          'stage 0; use "batch", "rloo" or "none".'
+      )
+    if b.draws(est) not in (1, draws):
+      raise UserError(
+          f'config.stages.baseline[{i}]={name!r} needs {b.draws(est)} boundary draws per sequence, '
+          f'which every stage shares: set config.estimator.baseline={name!r} too, or use "batch".'
+      )
 
 
 def validate(config) -> None:
