@@ -9,8 +9,12 @@ in H-Net's two-stage model: stage 1 draws chunk ends over the stage-0 chunks wit
 score-function policy at target rate 0.5 (about 10 bytes per stage-1 chunk), with 2 layers over the
 stage-0 chunks before it and 2 after, and 4 main layers run on the stage-1 chunks. Capacities are
 1.25 x the expected chunk counts: 1024 stage-0 slots (819 expected), 512 stage-1 slots (410).
+The stage-1 layers attend over 64 bytes, the byte layers' window (config.stages.window, in bytes), so
+stage 1 is a bottleneck: only the main layers, one state per stage-1 chunk, read further back, and
+where stage-1 chunks end decides what is carried past 64 bytes (with full attention in the stage-1
+layers their decisions would change the loss only at second order).
 Training FLOPs per byte at the target rates (model FLOPs, tokjax.flops.flops_per_byte):
-126.3 MFLOPs for this config against 126.0 MFLOPs (+0.2%) for the one-stage paper config, measured with
+124.4 MFLOPs for this config against 126.0 MFLOPs (-1.3%) for the one-stage paper config, measured with
   python -c "from tokjax import config_defaults as c, flops; a = c.load('paper_40m_fineweb'); \
       b = c.load('paper_two_stage_40m'); print(flops.flops_per_byte(a, (0.2,)), \
       flops.flops_per_byte(b, (0.2, 0.5)))"

@@ -23,7 +23,18 @@ SHARDED_MESH = (2, 2, 2)  # (data, fsdp, tensor): all 8 devices, the batch split
 # ------------------------------------------------------------------------------ model helpers
 
 
-def _two_stage(w0=1, w1=1, c0=16, c1=6, r0=0.3, r1=0.4, d=32, byte_window=8, inner_window=0):
+def _two_stage(
+    w0=1,
+    w1=1,
+    c0=16,
+    c1=6,
+    r0=0.3,
+    r1=0.4,
+    d=32,
+    byte_window=8,
+    inner_window=0,
+    attention='blocked',
+):
   """A policy/policy two-stage HierarchicalByteLM (one layer per stack, scale 1 for w > 1)."""
   from tokjax.models import boundaries as bd  # pylint: disable=g-import-not-at-top
   from tokjax.models import hierarchical  # pylint: disable=g-import-not-at-top
@@ -43,6 +54,7 @@ def _two_stage(w0=1, w1=1, c0=16, c1=6, r0=0.3, r1=0.4, d=32, byte_window=8, inn
       inner_encoder_layers=(1,),
       inner_decoder_layers=(1,),
       inner_window=(inner_window,),
+      attention=attention,
   )
 
 
@@ -236,6 +248,46 @@ def test_two_stage_model_is_causal_at_both_levels_with_overflow(w0, w1, inner_wi
   assert np.any(np.asarray(base['inner'][0]['boundaries'].free))
 
 
+def test_inner_windows_are_bytes_on_every_attention_path():
+  """config.stages.window is a width in bytes: with an inner window of 12 bytes (a few stage-0
+  chunks, far fewer than the 16 chunk slots) the 'dot_product' path gives the blocked path's logits,
+  early exits and boundaries for the same parameters, and both differ from full inner attention (so
+  the window binds)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  tokens = jax.random.randint(jax.random.PRNGKey(4), (3, 64), 0, 256)
+  key = jax.random.PRNGKey(3)
+  run = lambda window, attention: jax.jit(
+      _two_stage(c0=20, c1=8, r0=0.3, inner_window=window, attention=attention).apply
+  )
+  params = {'params': _init(_two_stage(c0=20, c1=8, r0=0.3, inner_window=12), tokens, key)}
+  blocked = run(12, 'blocked')(params, tokens, key)
+  dpa = run(12, 'dot_product')(params, tokens, key)
+  full = run(0, 'blocked')(params, tokens, key)
+  np.testing.assert_array_equal(
+      dpa['inner'][0]['boundaries'].actions, blocked['inner'][0]['boundaries'].actions
+  )
+  np.testing.assert_allclose(dpa['logits'], blocked['logits'], atol=1e-4)
+  np.testing.assert_allclose(
+      dpa['inner'][0]['early_logits'], blocked['inner'][0]['early_logits'], atol=1e-4
+  )
+  assert np.abs(np.asarray(full['logits'] - blocked['logits'])).max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    'name,arg', [('two_stage', None), ('two_stage', 'learned,tiny'), ('paper_two_stage_40m', None)]
+)
+def test_two_stage_configs_window_every_inner_stage(name, arg):
+  """The two-stage configs make stage 1 a bottleneck: its layers attend over fewer bytes than a
+  sequence holds (the byte layers' window), so only the main layers read the whole sequence."""
+  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+
+  c = config_defaults.load(name, arg)
+  config_defaults.validate(c)
+  assert c.stages.window == (c.model.byte_window,)
+  assert 0 < c.model.byte_window < c.data.seq_len
+
+
 # ------------------------------------------------------------------------------ 3. unbiasedness
 
 
@@ -395,6 +447,218 @@ def test_each_stage_score_function_is_unbiased_by_exact_enumeration():
   assert err > 1e-2 * max(float(jnp.abs(x).max()) for x in jax.tree.leaves(exact)), err
 
 
+def test_counterfactual_baselines_are_unbiased_and_measured_by_exact_enumeration():
+  """A counterfactual baseline for stage s: the full model's CE with stage s's decisions (and those
+  above) drawn again given the lower stages' fixed ones, or with stage s's greedy pattern. It does
+  not depend on stage s's sampled decisions, so over every joint action pair (the enumeration of
+  test_each_stage_score_function_is_unbiased_by_exact_enumeration, gamma = 1, no batch baseline) the
+  mean estimate of each stage's own policy gradient equals the exact one: for the draw averaged over
+  its every outcome (enumerated: the pairs that share row i's lower stages, at their conditional
+  probability), and at stage 1 for the model's own draw under one key (mode ('given', 'sample')) and
+  its greedy pattern (('given', 'greedy')). The variance over the enumeration (trace of the
+  covariance of the stage's policy-parameter gradient) is printed against today's early-exit
+  baseline's, at init."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  from tokjax import estimator, losses  # pylint: disable=g-import-not-at-top
+  from tokjax.models import boundaries as bd  # pylint: disable=g-import-not-at-top
+
+  l, c0, c1 = 7, 4, 3
+  model = _two_stage(3, 2, c0=c0, c1=c1, r0=0.4, r1=0.4, d=16, byte_window=4)
+  tokens1 = jax.random.randint(jax.random.PRNGKey(11), (1, l), 0, 256)
+  targets1 = jax.random.randint(jax.random.PRNGKey(12), (1, l), 0, 256)
+  params = _init(model, tokens1, jax.random.PRNGKey(0))
+  for name in ('boundary', 'inner_boundaries_0'):
+    params[name]['proj']['kernel'] = params[name]['proj']['kernel'] * 10.0
+  a0, a1 = _joint_actions(l, c0, c1)
+  r = a0.shape[0]
+  tokens, targets = jnp.tile(tokens1, (r, 1)), jnp.tile(targets1, (r, 1))
+  mask = jnp.ones((r, l), jnp.float32)
+  key = jax.random.PRNGKey(5)
+  cfg = ml_collections.ConfigDict(
+      dict(reward='early_exit', baseline='none', gamma=1.0, lambda_rl=1.0, lambda_rate=0.0)
+  )
+  cfg.update(rate_loss=False, target_rate=0.4)
+  names = ('boundary', 'inner_boundaries_0')  # Each stage's own policy parameters.
+
+  @jax.jit
+  def measure(p):
+    def log_probs(v):
+      """Each stage's log pi of the enumerated actions, as a function of the policies' parameters."""
+      o = model.apply({'params': {**p, **unravel(v)}}, tokens, key, 'given', (a0, a1))
+      return (o['boundaries'].log_probs, o['inner'][0]['boundaries'].log_probs), o
+
+    # d log pi[s][row, t] / d (stage s's params): one forward-mode pass per parameter.
+    flat, unravel = jax.flatten_util.ravel_pytree({k: p[k] for k in names})
+    jac, out = jax.jacfwd(log_probs, has_aux=True)(flat)
+    out = jax.lax.stop_gradient(out)
+    ce_full = losses.cross_entropy(out['logits'], targets)
+    st1 = out['inner'][0]
+    ce_early = [
+        losses.cross_entropy(e, targets) for e in (out['early_logits'], st1['early_logits'])
+    ]
+
+    def alone(mode, given):
+      """CE of the counterfactual of each row, drawn one row at a time with the same key: in training
+      rows are sequences, but here a row is an action pattern, and a draw that differed by row would
+      depend on that row's actions."""
+
+      def one(t, y, a):
+        o = model.apply({'params': p}, t[None], key, mode, None if a is None else (a[None], None))
+        ce = losses.cross_entropy(o['logits'], y[None])[0]
+        return jax.lax.stop_gradient(ce), o['inner'][0]['boundaries'].actions[0]
+
+      return jax.vmap(one, (0, 0, None if given is None else 0))(tokens, targets, given)
+
+    ce_cf1, cf1_actions = alone(('given', 'sample'), a0)
+    ce_greedy1, _ = alone(('given', 'greedy'), a0)
+    bnds = (out['boundaries'], st1['boundaries'])
+    positions = (None, st1['positions'])
+
+    def coefficients(s, baseline_ce, rows):
+      """d (stage s's loss of row i with baseline row baseline_ce[i]) / d log pi[s][rows[i]]."""
+
+      def one(lp, b, i):
+        bn = bnds[s]
+        fields = (bn.actions, bn.logits, bn.probs, lp, bn.free, bn.dropped)
+        row = bd.Boundaries(*(x[i][None] if x is not lp else lp[None] for x in fields))
+        pos = None if positions[s] is None else positions[s][i][None]
+        return estimator.score_function_terms(
+            ce_full[i][None], b[None], row, mask[:1], cfg, positions=pos
+        )[0]
+
+      return jax.vmap(jax.grad(one), (0, 0, 0))(bnds[s].log_probs[rows], baseline_ce, rows)
+
+    free = [jnp.where(b.free, 1.0, 0.0) for b in bnds]
+    prob = jnp.exp(sum(jnp.sum(f * b.log_probs, -1) for f, b in zip(free, bnds)))
+    f = jnp.sum(ce_full, -1)
+    rows = jnp.arange(r)
+    result = {'prob': prob, 'cf1_actions': cf1_actions, 'ce_cf1': ce_cf1, 'ce_full': ce_full}
+    for s in (0, 1):
+      grads = lambda coef, rows_, s=s: jnp.einsum('it,itp->ip', coef, jac[s][rows_])
+      exact = jnp.einsum('i,i,it,itp->p', prob, f - jnp.sum(prob * f), free[s], jac[s]) / l
+      # Stage s's alternative draws given row i's lower stages: every row for stage 0, the rows
+      # with row i's stage-0 actions for stage 1, with their conditional probability.
+      same = jnp.all(a0[:, None] == a0[None], -1) if s else jnp.ones((r, r), bool)
+      cond = jnp.where(same, prob[None] / jnp.sum(jnp.where(same, prob[None], 0), 1, keepdims=1), 0)
+      i, j = jnp.meshgrid(rows, rows, indexing='ij')
+      pairs = grads(coefficients(s, ce_full[j.ravel()], i.ravel()), i.ravel()).reshape(r, r, -1)
+      result[f'stage{s}'] = {
+          'exact': exact,
+          'today': grads(coefficients(s, ce_early[s], rows), rows),
+          'cf_pairs': pairs,
+          'cond': cond,
+      }
+      if s:
+        result['stage1']['cf_key'] = grads(coefficients(s, ce_cf1, rows), rows)
+        result['stage1']['greedy'] = grads(coefficients(s, ce_greedy1, rows), rows)
+    return result
+
+  m = jax.device_get(measure(params))
+  prob = m['prob']
+  np.testing.assert_allclose(prob.sum(), 1.0, atol=1e-5)
+  # The mixed mode executes what 'given' executes: row i's counterfactual is the enumerated pair of
+  # row i's stage-0 actions and the stage-1 actions it drew.
+  for i in range(r):
+    j = np.flatnonzero(np.all(a0 == a0[i], 1) & np.all(a1 == m['cf1_actions'][i], 1))
+    assert len(j) == 1, i
+    np.testing.assert_allclose(m['ce_cf1'][i], m['ce_full'][j[0]], atol=1e-5)
+  for s in (0, 1):
+    g = m[f'stage{s}']
+    exact = g['exact']
+    scale = np.abs(exact).max()
+    assert scale > 1e-3, scale
+    mean = lambda x: np.einsum('i,ip->p', prob, x)
+    variance = lambda x, exact=exact: float(np.einsum('i,ip->', prob, (x - exact) ** 2))
+    pairs_mean = np.einsum('i,ij,ijp->p', prob, g['cond'], g['cf_pairs'])
+    pairs_var = float(np.einsum('i,ij,ijp->', prob, g['cond'], (g['cf_pairs'] - exact) ** 2))
+    for name in ('today', 'cf_key', 'greedy')[: 3 if s else 1]:
+      np.testing.assert_allclose(mean(g[name]), exact, atol=1e-4 * scale, err_msg=f'{s} {name}')
+    np.testing.assert_allclose(pairs_mean, exact, atol=1e-4 * scale, err_msg=f'{s} draw')
+    greedy = f', greedy {variance(g["greedy"]):.4g}' if s else ''
+    print(
+        f'stage {s}: gradient variance (trace) today {variance(g["today"]):.4g}, counterfactual'
+        f' draw {pairs_var:.4g}{greedy}; |exact| {scale:.3g}'
+    )
+
+
+def test_stage_estimator_settings_default_to_the_shared_ones_and_touch_only_their_stage():
+  """config.stages.{gamma, lambda_rl, lambda_rate, baseline} left empty give, bit for bit, the
+  objective of the same values set explicitly (config.estimator's: today's shared settings); other
+  values change stage 1's terms and leave every stage-0 metric bit for bit."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from tokjax import config_defaults, models  # pylint: disable=g-import-not-at-top
+
+  batch = {k: np.asarray(v) for k, v in _batch().items()}
+  runs = {}
+  est = _small_config(2).estimator
+  for name, fields in (
+      ('default', {}),
+      ('explicit', dict(gamma=est.gamma, lambda_rl=est.lambda_rl, lambda_rate=est.lambda_rate)),
+      ('stage1', dict(gamma=0.5, lambda_rl=0.3, lambda_rate=0.2)),
+  ):
+    c = _small_config(2)
+    c.stages.update({k: (v,) for k, v in fields.items()})
+    if fields:
+      c.stages.baseline = ('batch' if name == 'explicit' else 'none',)
+    config_defaults.validate(c)
+    model = models.build_model(c)
+    if not runs:
+      params = _init(model, *models.init_args(c, 4, 32))
+    loss, (metrics, _) = jax.jit(models.objective(c, model))(
+        params, batch, jax.random.PRNGKey(3), 0
+    )
+    runs[name] = {'loss': float(loss), **{k: float(v) for k, v in metrics.items()}}
+  assert runs['explicit'] == runs['default']
+  changed = runs['stage1']
+  for k, v in runs['default'].items():
+    if k.startswith('stage1_') and k.endswith(('policy_loss', 'return_abs')):
+      assert changed[k] != v, k
+    elif not k.startswith('stage1_') and k != 'loss':
+      assert changed[k] == v, k
+  assert changed['loss'] != runs['default']['loss']
+
+
+def test_policy_and_rate_losses_weigh_a_decision_alike_at_every_stage():
+  """One normalisation rule: at stage 0 (decisions over L bytes) and stage 1 (decisions over N < L
+  chunks), d loss / d log pi(a) = -lambda_rl * G / (B * L) and d loss / d logit = lambda_rate *
+  (mean p - r*) / (B * L) at each of the stage's free decisions, and 0 elsewhere."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from tokjax import estimator  # pylint: disable=g-import-not-at-top
+  from tokjax.models import boundaries as bd  # pylint: disable=g-import-not-at-top
+
+  b, l, n, r = 3, 24, 9, 0.3
+  cfg = _small_config(2).estimator
+  cfg.update(baseline='none', gamma=0.0, lambda_rl=0.7, lambda_rate=0.4, reward='plain')
+  rng = np.random.default_rng(0)
+  ce_full = jnp.asarray(rng.random((b, l)), jnp.float32)
+  mask = jnp.ones((b, l), jnp.float32)
+  for positions in (None, jnp.asarray(np.sort(rng.choice(l, (b, n)), axis=1), jnp.int32)):
+    width = l if positions is None else n
+    logits = jnp.asarray(rng.normal(size=(b, width)), jnp.float32)
+    free = jnp.asarray(rng.random((b, width)) < 0.6)
+    probs = jax.nn.sigmoid(logits)
+
+    def loss(lg, lp, free=free, positions=positions):
+      zeros = jnp.zeros(lg.shape)
+      bnd = bd.Boundaries(zeros, lg, jax.nn.sigmoid(lg), lp, free, zeros)
+      return estimator.score_function_terms(
+          ce_full, ce_full, bnd, mask, cfg, positions=positions, target_rate=r
+      )[0]
+
+    lp = jax.nn.log_sigmoid(logits)
+    d_logit, d_lp = jax.grad(loss, (0, 1))(logits, lp)
+    err = float(jnp.sum(probs * free) / jnp.sum(free)) - r
+    g = -ce_full if positions is None else jnp.take_along_axis(-ce_full, positions, axis=1)
+    np.testing.assert_allclose(d_logit, np.where(free, 0.4 * err / (b * l), 0), atol=1e-8)
+    np.testing.assert_allclose(d_lp, np.where(free, -0.7 * g / (b * l), 0), atol=1e-8)
+
+
 # ------------------------------------------------------------------------------ 4. sharded step
 
 
@@ -535,6 +799,12 @@ def test_two_stage_run_resumes_exactly(tmp_path):
         ({'model.stages': 0}, 'config.model.stages=0 must be an integer >= 1'),
         ({'stages.method': ('whitespace',)}, "config.stages.method[0]='whitespace' cannot"),
         ({'stages.method': ('entropy',)}, "config.stages.method[0]='entropy' cannot"),
+        ({'stages.gamma': (0.9, 0.9)}, 'config.stages.gamma has 2 entries'),
+        ({'stages.gamma': (1.5,)}, 'config.stages.gamma[0]=1.5 must be in [0, 1]'),
+        ({'stages.lambda_rl': (-1.0,)}, 'config.stages.lambda_rl[0]=-1.0 must be >= 0'),
+        ({'stages.baseline': ('mean',)}, "config.stages.baseline[0]='mean' is not valid"),
+        ({'stages.baseline': ('value',)}, "config.stages.baseline[0]='value' needs a critic"),
+        ({'stages.baseline': ('rloo',)}, "config.stages.baseline[0]='rloo' needs 4 boundary"),
     ],
 )
 def test_bad_stage_settings_are_one_clear_line(changes, message):

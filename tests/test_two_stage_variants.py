@@ -104,3 +104,48 @@ def test_leave_one_out_baseline_applies_at_every_stage():
   objective = jax.jit(models.objective(c, model))
   loss, (metrics, _) = objective(params, batch, jax.random.PRNGKey(2), 0)
   assert np.isfinite(float(loss)) and float(metrics['stage1_policy_loss']) != 0.0
+
+
+@pytest.mark.parametrize('method', ['hnet', 'gumbel'])
+def test_inner_straight_through_factor_follows_the_executed_action(method):
+  """At an inner stage the last valid position is a forced boundary (`restrict_to_valid`), so the
+  straight-through factor there is p (the executed action is 1), never 1 - p, whatever the method's
+  rule drew: at every position the gate's value and gradient are `ste_gate(executed, p)`'s."""
+  from tokjax import models  # pylint: disable=g-import-not-at-top
+  from tokjax.models.rivals import common  # pylint: disable=g-import-not-at-top
+
+  c = config_defaults.load('two_stage', 'hnet,tiny')
+  c.stages.method = (method,)
+  config_defaults.validate(c)
+  model, batch = models.build_model(c), _batch(c)
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), batch['inputs'], jax.random.PRNGKey(1))
+  tokens = batch['inputs']
+
+  def gates(p):
+    # Greedy: Gumbel's relaxed value is sigmoid(logit / tau) = its probs at tau = 1.
+    out = model.apply(p, tokens, jax.random.PRNGKey(2), mode='greedy')
+    bnd = out['inner'][0]['boundaries']
+    return bnd.chunk_gate, common.ste_gate(jax.lax.stop_gradient(bnd.actions), bnd.probs)
+
+  @jax.jit
+  def measure(p):
+    """Both gates, the inner boundaries and the gradients of a weighted sum of each gate."""
+    out = model.apply(p, tokens, jax.random.PRNGKey(2), mode='greedy')['inner'][0]
+    weights = jax.random.normal(jax.random.PRNGKey(3), out['valid'].shape) * out['valid']
+    (got, want), pullback = jax.vjp(gates, p)
+    zero = jnp.zeros_like(got)
+    grads = (pullback((weights, zero))[0], pullback((zero, weights))[0])
+    return got, want, out, grads
+
+  got, want, out, (g_got, g_want) = measure(params)
+  valid = np.asarray(out['valid'])
+  n = valid.sum(-1)
+  probs = np.asarray(out['boundaries'].probs)[np.arange(len(n)), n - 1]
+  # The rule alone would not close the last valid position in some row (so the factor there matters).
+  assert np.any((probs < 0.5) & (n < valid.shape[1])), probs
+  np.testing.assert_allclose(got, want, atol=1e-6)
+  scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(g_want))
+  assert scale > 0
+  jax.tree.map(
+      lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5 * scale, rtol=1e-4), g_got, g_want
+  )

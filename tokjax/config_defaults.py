@@ -66,6 +66,12 @@ def base_config() -> ml_collections.ConfigDict:
       encoder_layers=(),  # Layers over the stage's input chunks before its boundaries.
       decoder_layers=(),  # Layers over them after the inner stages' output is added back.
       window=(),  # Attention width of those layers in bytes (0 = full causal attention).
+      # The score function of each stage (tokjax/estimator.py, `estimator.stage_settings`): one entry
+      # per stage, or () for config.estimator's value at every stage (the default).
+      gamma=(),
+      lambda_rl=(),
+      lambda_rate=(),
+      baseline=(),  # 'none' | 'batch' | 'rloo' (only with estimator.baseline='rloo').
   )
   # One sub-section per registered boundary method with settings (config.boundary.NAME, from the
   # method's registry entry: tokjax/models/registry.py) and per estimator baseline with settings
@@ -329,11 +335,50 @@ def _validate_stages(config) -> None:
         raise UserError(f'config.stages.{field}[{i}]={v!r} must be an integer >= {low}.')
     if method.validate:
       method.validate(stage_config(config, s))
+  _validate_stage_estimators(config, n)
   if config.estimator.baseline == 'value':
     raise UserError(
         f'config.estimator.baseline="value" has one critic, for stage 0; with config.model.stages='
         f'{n} use "batch", "rloo" or "none" (each applies per stage).'
     )
+
+
+def _validate_stage_estimators(config, n: int) -> None:
+  st, est = config.stages, config.estimator
+  for field in estimator.STAGE_FIELDS:
+    if len(st.get(field, ())) not in (0, n - 1):
+      raise UserError(
+          f'config.stages.{field} has {len(st[field])} entries but config.model.stages={n} needs '
+          f'{n - 1} (one per stage above the bytes) or none (config.estimator.{field} at every '
+          'stage).'
+      )
+  draws = estimator.baseline(est.baseline).draws(est)
+  for s in range(1, n):
+    i, cfg = s - 1, estimator.stage_settings(config, s)
+    if len(st.get('gamma', ())) and not 0.0 <= cfg.gamma <= 1.0:
+      raise UserError(f'config.stages.gamma[{i}]={st.gamma[i]!r} must be in [0, 1].')
+    for field in ('lambda_rl', 'lambda_rate'):
+      if len(st.get(field, ())) and not cfg[field] >= 0.0:
+        raise UserError(f'config.stages.{field}[{i}]={st[field][i]!r} must be >= 0.')
+    if not len(st.get('baseline', ())):
+      continue
+    name = st.baseline[i]
+    if name not in estimator.BASELINES:
+      raise UserError(
+          f'config.stages.baseline[{i}]={name!r} is not valid; use one of '
+          f'{tuple(k for k, b in estimator.BASELINES.items() if not b.critic)}.'
+      )
+    b = estimator.baseline(name)
+    if b.critic:
+      raise UserError(
+          f'config.stages.baseline[{i}]={name!r} needs a critic, and the model has one only for '
+          'stage 0; use "batch", "rloo" or "none".'
+      )
+    if b.draws(est) not in (1, draws):
+      raise UserError(
+          f'config.stages.baseline[{i}]={name!r} needs {b.draws(est)} boundary draws per sequence, '
+          f'which every stage shares: set config.estimator.baseline={name!r} too, or use "batch".'
+      )
 
 
 def validate(config) -> None:
@@ -482,7 +527,13 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
 
 def paper_two_stage_config(size: str, main_layers: int, stage_layers: int, corpus: str):
   """paper_config(size) with a second stage: the score-function policy over stage-0 chunks at target
-  rate 0.5 (512 slots), `stage_layers` layers before and after it, `main_layers` main layers."""
+  rate 0.5 (512 slots), `stage_layers` layers before and after it, `main_layers` main layers.
+
+  The stage-1 layers attend over the byte layers' 64 bytes (config.stages.window counts bytes), so
+  only the main layers, one state per stage-1 chunk, reach further back: stage 1 is a bottleneck whose
+  chunk ends decide what is carried past 64 bytes. With full attention there (window 0) the stage-1
+  layers read every stage-0 chunk and stage 1's decisions would change the loss only at second order.
+  """
   c = paper_config(size)
   c.model.stages = 2
   c.model.main_layers = main_layers
@@ -492,7 +543,7 @@ def paper_two_stage_config(size: str, main_layers: int, stage_layers: int, corpu
       capacity=(512,),
       encoder_layers=(stage_layers,),
       decoder_layers=(stage_layers,),
-      window=(0,),
+      window=(c.model.byte_window,),
   )
   c.train.workdir = f'runs/paper_two_stage_{size}'
   c.data.corpus = corpus

@@ -4,9 +4,18 @@ Per byte position t of row b (CE in nats of predicting byte t+1 at position t):
   1. reward      r_bt = CE_early(t) - CE_full(t)      ('early_exit'), or -CE_full(t)   ('plain')
   2. advantage   A_bt = r_bt - mean_b' r_b't          (batch-relative over valid rows: baseline 'batch')
   3. return      G_bt = A_bt + gamma * G_b,t+1        (reverse lax.scan along the sequence)
-  4. policy loss -lambda_rl * mean_bt(stopgrad(w_bt G_bt) * log pi(a_bt)) over the policy's own decisions
-                 (w_bt: importance ratio pi/mu during an off-policy warm start, else 1)
-  5. rate loss   lambda_rate * mean_bt(logit_bt) * stopgrad(mean(p) - target_rate)
+  4. policy loss -lambda_rl * sum_bt(stopgrad(w_bt G_bt) * log pi(a_bt)) / (B * L) over the policy's own
+                 decisions (w_bt: importance ratio pi/mu during an off-policy warm start, else 1)
+  5. rate loss   lambda_rate * sum_bt(logit_bt) / (B * L) * stopgrad(mean(p) - target_rate), the sum
+                 over the same decisions and mean(p) their mean probability
+One normalisation rule at every stage (tokjax/models/hierarchical.py): the policy and rate losses of a
+stage are sums over that stage's own decisions divided by B * L, the byte positions of the batch. A
+decision then weighs the same at every stage: a stage-1 decision, one per stage-0 chunk, gets the
+gradient weight a stage-0 decision gets, in both losses, and lambda_rl and lambda_rate mean the same
+at every level. (Averaging a stage's rate loss over its own decisions instead would make its
+controller 1 / r0 times stronger per decision than stage 0's, r0 the stage-0 rate.)
+Per-stage settings: stage s >= 1 reads gamma, lambda_rl, lambda_rate and baseline from config.stages'
+entry s - 1 where given, else config.estimator's (`stage_settings`).
 Baselines (config.estimator.baseline, declared at the end of this file in `BASELINES`; 'batch' is
 step 2 above, the default):
   'none'   A_bt = r_bt (no baseline).
@@ -115,18 +124,27 @@ def value_loss(values, returns, mask):
   return jnp.sum(err * err) / n / jnp.maximum(jnp.sum(g * g) / n, 1e-6)
 
 
-def policy_loss(log_probs, returns, free, weights=None):
-  """-mean_bt(stopgrad(w G) log pi(a)) over the policy's decisions (`free`), normalised by B * L."""
+def policy_loss(log_probs, returns, free, weights=None, per=None):
+  """-sum_bt(stopgrad(w G) log pi(a)) over the policy's decisions (`free`) / per (default free.size).
+
+  log_probs, returns, free, weights: [B, N] -> scalar.
+  """
   coef = jax.lax.stop_gradient(returns if weights is None else weights * returns)
-  return -jnp.sum(jnp.where(free, coef * log_probs, 0.0)) / free.size
+  per = free.size if per is None else per
+  return -jnp.sum(jnp.where(free, coef * log_probs, 0.0)) / per
 
 
-def rate_loss(logits, probs, mask, target_rate: float):
-  """Proportional controller: mean(logit) * stopgrad(mean(p) - r*). Pushes the rate toward r*."""
+def rate_loss(logits, probs, mask, target_rate: float, per=None):
+  """Proportional controller: sum(logit) / per * stopgrad(mean(p) - r*). Pushes the rate toward r*.
+
+  logits, probs, mask: [B, N] -> scalar; sums and the mean are over mask; per defaults to sum(mask)
+  (the mean logit).
+  """
   mask = mask.astype(logits.dtype)
   n = jnp.maximum(jnp.sum(mask), 1.0)
   mean_p = jnp.sum(probs * mask) / n
-  return jnp.sum(logits * mask) / n * jax.lax.stop_gradient(mean_p - target_rate)
+  per = n if per is None else per
+  return jnp.sum(logits * mask) / per * jax.lax.stop_gradient(mean_p - target_rate)
 
 
 def advantages_and_returns(r, mask, cfg, values=None):
@@ -156,7 +174,9 @@ def score_function_terms(
   bytes, for every stage. Discounting along bytes keeps gamma's horizon in bytes (about 1 / (1 -
   gamma) of them) the same at every level; discounting along a stage's own positions would make the
   horizon in bytes grow with the chunk lengths that policy is still learning, moving the estimator's
-  bias and variance as its rate moves. The policy loss is normalised per byte (B * L) at every stage.
+  bias and variance as its rate moves. The policy and rate losses are both sums over the stage's
+  decisions divided by B * L at every stage (the module docstring's normalisation rule); cfg is the
+  stage's own settings (`stage_settings`).
   """
   r = rewards(ce_full, ce_early, cfg.reward) * mask
   adv, g, baseline_loss, baseline_metrics = advantages_and_returns(r, mask, cfg, values)
@@ -169,9 +189,9 @@ def score_function_terms(
     free = bnd.free & (positions < mask.shape[1]) & (take(mask) > 0)
   log_ratio = bnd.stats.get('log_ratio')
   weights = None if log_ratio is None else jnp.exp(log_ratio)
-  pg = policy_loss(bnd.log_probs, g, free, weights) * (free.size / mask.size)
+  pg = policy_loss(bnd.log_probs, g, free, weights, per=mask.size)
   target = cfg.target_rate if target_rate is None else target_rate
-  rate = rate_loss(bnd.logits, bnd.probs, free, target)
+  rate = rate_loss(bnd.logits, bnd.probs, free, target, per=mask.size)
   loss = cfg.lambda_rl * pg + (cfg.lambda_rate * rate if cfg.rate_loss else 0.0) + baseline_loss
   n_free = jnp.maximum(jnp.sum(free), 1)
   p = jnp.clip(bnd.probs, 1e-6, 1 - 1e-6)
@@ -186,6 +206,29 @@ def score_function_terms(
   }
   metrics.update(baseline_metrics)
   return loss, metrics
+
+
+STAGE_FIELDS = ('gamma', 'lambda_rl', 'lambda_rate', 'baseline')  # config.stages' estimator fields.
+
+
+def stage_settings(config, s: int):
+  """config.estimator as stage s's score function reads it (a ConfigDict).
+
+  Stage 0 reads config.estimator itself. Stage s >= 1 reads, for each of `STAGE_FIELDS`,
+  config.stages.FIELD[s - 1] where that tuple is not empty (one entry per stage above the bytes), else
+  config.estimator.FIELD (today's values: every stage shared one setting), and its own target rate
+  config.stages.target_rate[s - 1]; the baseline's own section (config.estimator.NAME) is shared.
+  """
+  if s == 0:
+    return config.estimator
+  view = config.estimator.copy_and_resolve_references()
+  stages = config.stages
+  for field in STAGE_FIELDS:
+    values = stages.get(field, ())
+    if len(values):
+      view[field] = type(view[field])(values[s - 1])
+  view.target_rate = float(stages.target_rate[s - 1])
+  return view
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -114,7 +114,8 @@ def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask):
   """The losses and metrics of stage s >= 1 (`stage`: one entry of the model's out['inner']).
 
   Returns (loss: scalar, metrics: dict of scalars): the method's auxiliary loss, its score-function
-  terms against this stage's own early exit (when its method trains with the score function) and its
+  terms against this stage's own early exit with its own settings (`estimator.stage_settings`; when
+  its method trains with the score function) and its
   boundary statistics: rate per input position (per chunk of stage s - 1), bytes per chunk of stage
   s, alignment of its boundaries to whitespace and line ends, overflow.
   """
@@ -128,7 +129,7 @@ def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask):
         ce_early,
         bnd,
         mask,
-        cfg.estimator,
+        estimator.stage_settings(cfg, s),
         positions=stage['positions'],
         target_rate=cfg.stages.target_rate[s - 1],
     )

@@ -86,7 +86,9 @@ class Boundaries:
   free: bool, decisions that belong to the policy (score-function gradient flows only there).
   dropped: boundaries sampled but dropped for lack of capacity.
   aux_loss: a scalar the method adds to the total loss (0 for most); chunk_gate: optional float32[B, L]
-  multiplier on upsampled chunk outputs (straight-through methods); stats: extra scalar metrics.
+  multiplier on upsampled chunk outputs (straight-through methods), the factor of the executed action
+  in `rivals.common.ste_gate`'s form (c + stopgrad(1 - c), c = p or 1 - p); stats: extra scalar
+  metrics.
   chunk_ema: optional float32[B, L] smoothing probabilities (H-Net): chunk j's output is replaced by
   P_j z_j + (1 - P_j) zbar_{j-1} with P_j = chunk_ema at chunk j's last byte (see chunking.ema_chunks).
   """
@@ -110,12 +112,21 @@ def restrict_to_valid(bnd: Boundaries, valid) -> Boundaries:
   its last position n - 1 is a forced boundary (it closes the last chunk, as position L - 1 does for
   bytes), padding holds no boundary, and neither is a decision of the policy. The method's own room
   rule already kept one slot free for a final boundary at or after n - 1, so capacity still holds.
+  A straight-through `chunk_gate` (`rivals.common.ste_gate`'s form) follows the executed actions.
   """
   n = jnp.sum(valid, axis=-1, keepdims=True)
   last = jnp.arange(valid.shape[-1]) == n - 1
   inside = valid & ~last
+  actions = jnp.where(last, 1.0, jnp.where(valid, bnd.actions, 0.0))
+  gate = bnd.chunk_gate
+  if gate is not None:
+    # The straight-through factor is that of the executed action (p for a boundary, 1 - p for none,
+    # forward value 1): where restriction flips the action, c + sg(1 - c) becomes 2 - (c + sg(1 - c)).
+    flipped = (actions > 0.5) != (bnd.actions > 0.5)
+    gate = jnp.where(flipped, 2.0 - gate, gate)
   return bnd.replace(
-      actions=jnp.where(last, 1.0, jnp.where(valid, bnd.actions, 0.0)),
+      actions=actions,
+      chunk_gate=gate,
       free=bnd.free & inside,
       dropped=jnp.where(inside, bnd.dropped, 0.0),
   )

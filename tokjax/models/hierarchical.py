@@ -131,7 +131,8 @@ class HierarchicalByteLM(nn.Module):
   def __call__(
       self, tokens, key, mode: str = 'sample', actions=None, **boundary_kwargs
   ) -> dict[str, Any]:
-    """tokens: int32[B, L]; key: PRNG key for the boundary method; mode: 'sample' | 'greedy' | 'given'.
+    """tokens: int32[B, L]; key: PRNG key for the boundary method; mode: 'sample' | 'greedy' | 'given',
+    or a tuple of one mode per stage (say ('given', 'sample'): stage 0's actions given, stage 1 drawn).
 
     Returns logits and early_logits: float32[B, L, V], boundaries: `Boundaries`, chunk_valid: bool[B, C].
     """
@@ -164,13 +165,15 @@ class HierarchicalByteLM(nn.Module):
     """Boundaries of every stage, the main stack and the decoders on encoder states h: [B, L, D].
 
     actions (mode 'given'): float32[B, L] for one stage, or a tuple with one array per stage
-    (stage s >= 1: [B, N_s], N_s = capacity of stage s - 1). Returns logits, early_logits (stage 0),
+    (stage s >= 1: [B, N_s], N_s = capacity of stage s - 1; None for a stage that draws its own).
+    mode: one for every stage, or a tuple with one per stage. Returns logits, early_logits (stage 0),
     boundaries and chunk_valid: bool[B, C_0] of stage 0 (as for the one-stage model) and, with S > 1,
     `inner`: one dict per stage s >= 1 with boundaries and valid: bool[B, N_s] over its input
     positions, positions: int32[B, N_s] (the byte each input position ends at; L on padding),
     tokens: int32[B, N_s] (that byte; PAD on padding) and early_logits: float32[B, L, V].
     """
     given = actions if isinstance(actions, (tuple, list)) else (actions,) * self.stages
+    modes = mode if isinstance(mode, (tuple, list)) else (mode,) * self.stages
     boundaries_ = (self.boundary,) + tuple(self.inner_boundaries)
     b, l = tokens.shape
     x, positions = h, jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
@@ -180,7 +183,7 @@ class HierarchicalByteLM(nn.Module):
       bnd = boundaries_[s](
           x,
           key if s == 0 else jax.random.fold_in(key, s),
-          mode=mode,
+          mode=modes[s],
           actions=given[s],
           tokens=stage_tokens,
           early_logits=early_logits if s == 0 else None,

@@ -150,22 +150,31 @@ def sorted_causal_attention(q, k, v, positions, key_valid=None, window: int = 0,
   return jnp.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
 
 
-def dot_product_causal_attention(q, k, v, window: int = 0, num_keys=None, implementation=None):
+def dot_product_causal_attention(
+    q, k, v, window: int = 0, num_keys=None, implementation=None, positions=None
+):
   """Causal attention through `jax.nn.dot_product_attention`: the same as the blocked path.
 
   q/k/v: [B, L, H, K] with keys in position order; num_keys: int32[B] or None, the number of valid
   keys (a prefix: true of byte positions 0..L-1 and of `chunking.downsample`'s buffer, whose valid
   chunk ends increase). For such inputs "slot j <= slot i" is "k_pos <= q_pos", so the mask equals
-  `full_causal_attention`'s; window > 0 keeps keys with q - k < window (`local_window_size`).
-  implementation: None (jax's choice) | 'xla' | 'cudnn'.
+  `full_causal_attention`'s. window > 0 keeps keys with q_pos - k_pos < window, measured in
+  positions: int[B, L] when given (chunk buffers, whose positions are the bytes where chunks end, as
+  on the blocked path), else in slots, which are the positions 0..L-1 of byte layers
+  (`local_window_size`). implementation: None (jax's choice) | 'xla' | 'cudnn' (which takes the
+  position mask as an additive bias).
   """
+  mask = None
+  if window > 0 and positions is not None:
+    mask = (positions[:, None, :, None] - positions[:, None, None, :]) < window  # [B, 1, L, L]
   return jax.nn.dot_product_attention(
       q,
       k,
       v,
+      mask=mask,
       is_causal=True,
       key_value_seq_lengths=None if num_keys is None else num_keys.astype(jnp.int32),
-      local_window_size=(window - 1, 0) if window > 0 else None,
+      local_window_size=(window - 1, 0) if window > 0 and mask is None else None,
       implementation=implementation,
   )
 
@@ -225,8 +234,12 @@ class Attention(nn.Module):
       )
     elif self.attention != 'blocked':
       impl = 'cudnn' if self.attention == 'cudnn' else None
+      # With key_valid the rows are chunk buffers (positions are the bytes where chunks end), so a
+      # window counts bytes through a position mask, as on the blocked path; byte layers (no
+      # key_valid) run at positions 0..L-1, where slots are bytes.
       num_keys = None if key_valid is None else jnp.sum(key_valid, axis=-1)
-      out = dot_product_causal_attention(q, k, v, self.window, num_keys, impl)
+      at = None if key_valid is None else positions
+      out = dot_product_causal_attention(q, k, v, self.window, num_keys, impl, at)
     # Byte layers run at positions 0..L-1 with no padding inside a row, which block-local attention
     # relies on; anything else (chunks, short sequences) takes the dense path, whose keys are in
     # position order with the valid ones first (what sorted_causal_attention relies on).
