@@ -15,7 +15,8 @@ with the same key for every method, per unit (fixed windows of --unit_bytes byte
 Idempotent and resumable: a run with result.json is read back, never retrained; a run that was stopped
 (Ctrl-C, SIGTERM, a killed session) resumes from its last checkpoint with --resume, exactly (the
 trainer's resume restores the data iterator and RNG). Without --resume the command refuses to touch
-unfinished runs. Ctrl-C or SIGTERM stops every job after its checkpoint is saved.
+unfinished runs. Ctrl-C or SIGTERM stops every job after its checkpoint is saved. --report writes the
+tables and plot of the runs finished so far and runs nothing.
 
 --jobs N runs N runs side by side, each pinned to its own core (of the cores this process may use)
 with one XLA thread: on a small machine that beats one multi-threaded run. One progress line per
@@ -694,7 +695,9 @@ def main(argv):
   os.environ.setdefault(
       'JAX_COMPILATION_CACHE_DIR', os.path.expanduser('~/.cache/tokjax/xla-ladder')
   )
-  failures = execute(f.out, runs, scoring, f.jobs, f.resume, f.progress_s, batch_size)
+  failures = 0
+  if not f.report:
+    failures = execute(f.out, runs, scoring, f.jobs, f.resume, f.progress_s, batch_size)
   results = load_results(f.out, runs)
   meta = {
       'corpus': f.corpus,
@@ -741,6 +744,7 @@ def define_flags():
   )
   flags.DEFINE_integer('jobs', 1, 'Runs side by side, each pinned to one core.')
   flags.DEFINE_bool('resume', False, 'Continue unfinished runs from their checkpoints.')
+  flags.DEFINE_bool('report', False, 'Only write the tables and plot of the runs finished so far.')
   flags.DEFINE_float('progress_s', 60.0, 'Seconds between progress lines.')
   flags.DEFINE_string('out', 'results/ladder/run', 'Results folder.')
   flags.DEFINE_string('worker', None, 'Internal: train and score the run in this folder.')
