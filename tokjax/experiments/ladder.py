@@ -394,7 +394,7 @@ def summarize(results, reference: str) -> list[dict]:
       if (b, L) not in ref_lr or v < ref_lr[(b, L)][1]:
         ref_lr[(b, L)] = (lr, v)
   rows = []
-  for (b, L, m, lr), rs in sorted(groups.items()):
+  for (b, L, m, lr), rs in groups.items():
     rs = sorted(rs, key=lambda r: r['run']['seed'])
     row = {
         'budget': b,
@@ -429,7 +429,7 @@ def summarize(results, reference: str) -> list[dict]:
         if all(c in x.get('cross', {}) for x in rs)
     }
     rows.append(row)
-  return rows
+  return sorted(rows, key=lambda r: (r['budget'], r['seq_len'], r['test_bpb']))
 
 
 def _mean(xs):
@@ -701,7 +701,9 @@ def main(argv):
   results = load_results(f.out, runs)
   meta = {
       'corpus': f.corpus,
-      'command': 'python -m tokjax.experiments.ladder ' + ' '.join(sys.argv[1:]),
+      # The command that trains these runs (a --report of them runs the same grid).
+      'command': 'python -m tokjax.experiments.ladder '
+      + ' '.join(a for a in sys.argv[1:] if a not in ('--report', '--resume')),
       'reference': f.reference,
       'unit_bytes': f.unit_bytes,
       'target_rate': float(base.boundary.target_rate),
