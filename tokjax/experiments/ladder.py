@@ -586,7 +586,7 @@ def _plot(out_dir, rows, meta) -> None:
         axes[1].errorbar(
             [r['train_bytes'] for r in ps],
             [r['paired']['diff'] for r in ps],
-            yerr=[2 * r['paired']['se'] for r in ps],
+            yerr=[2 * math.hypot(r['paired']['se'], r['paired']['seed_se'] or 0) for r in ps],
             marker='o',
             capsize=3,
             color=line[0].get_color(),
@@ -596,11 +596,16 @@ def _plot(out_dir, rows, meta) -> None:
   axes[1].axhline(0, color='k', lw=0.8)
   for ax, title, xl in zip(
       axes,
-      ('test bpb (+- s.e.)', f'paired difference to {meta["reference"]} (+- 2 s.e.)', 'test bpb'),
+      (
+          'test bpb (+- s.e.)',
+          f'paired difference to {meta["reference"]} (+- 2 s.e., units and seeds)',
+          'test bpb',
+      ),
       ('training bytes', 'training bytes', 'training FLOPs (realised rate)'),
   ):
     ax.set_xscale('log')
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # Unreadable within a decade.
+    if ax is not axes[2]:  # Budgets are decades apart; FLOPs of one rung need the minor labels.
+      ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel(xl)
     ax.set_title(title)
     ax.grid(alpha=0.3)
