@@ -315,6 +315,29 @@ def _joint_actions(l, c0, c1):
   return np.asarray(rows0, np.float32), np.asarray(rows1, np.float32)
 
 
+def _enumeration_setup():
+  """The two-stage case both exact-enumeration tests share: L = 7 bytes, capacities 4 and 3, one row
+  per joint action pair (a0, a1) of `_joint_actions`, the same tokens and targets in every row, and
+  both policies' kernels scaled by 10 so that every gradient is far from zero.
+
+  Returns (L, model, params, a0, a1, tokens, targets, mask), the last three [R, L].
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  l, c0, c1 = 7, 4, 3
+  model = _two_stage(3, 2, c0=c0, c1=c1, r0=0.4, r1=0.4, d=16, byte_window=4)
+  tokens1 = jax.random.randint(jax.random.PRNGKey(11), (1, l), 0, 256)
+  targets1 = jax.random.randint(jax.random.PRNGKey(12), (1, l), 0, 256)
+  params = _init(model, tokens1, jax.random.PRNGKey(0))
+  for name in ('boundary', 'inner_boundaries_0'):
+    params[name]['proj']['kernel'] = params[name]['proj']['kernel'] * 10.0
+  a0, a1 = _joint_actions(l, c0, c1)
+  r = a0.shape[0]
+  tokens, targets = jnp.tile(tokens1, (r, 1)), jnp.tile(targets1, (r, 1))
+  return l, model, params, a0, a1, tokens, targets, jnp.ones((r, l), jnp.float32)
+
+
 def test_each_stage_score_function_is_unbiased_by_exact_enumeration():
   """Two stages, L = 7 bytes, capacities 4 (stage 0) and 3 (stage 1), so both levels' capacity rules
   bind: over every joint action pair, sum_a pi(a) * (stage s's estimate) equals grad_s E[sum_t
@@ -332,18 +355,7 @@ def test_each_stage_score_function_is_unbiased_by_exact_enumeration():
   from tokjax import estimator, losses  # pylint: disable=g-import-not-at-top
   from tokjax.models import boundaries as bd  # pylint: disable=g-import-not-at-top
 
-  l, c0, c1 = 7, 4, 3
-  model = _two_stage(3, 2, c0=c0, c1=c1, r0=0.4, r1=0.4, d=16, byte_window=4)
-  tokens1 = jax.random.randint(jax.random.PRNGKey(11), (1, l), 0, 256)
-  targets1 = jax.random.randint(jax.random.PRNGKey(12), (1, l), 0, 256)
-  params = _init(model, tokens1, jax.random.PRNGKey(0))
-  # Spread both policies' probabilities so that every gradient is far from zero.
-  for name in ('boundary', 'inner_boundaries_0'):
-    params[name]['proj']['kernel'] = params[name]['proj']['kernel'] * 10.0
-  a0, a1 = _joint_actions(l, c0, c1)
-  r = a0.shape[0]
-  tokens, targets = jnp.tile(tokens1, (r, 1)), jnp.tile(targets1, (r, 1))
-  mask = jnp.ones((r, l), jnp.float32)
+  l, model, params, a0, a1, tokens, targets, mask = _enumeration_setup()
 
   def forward(p):
     out = model.apply({'params': p}, tokens, jax.random.PRNGKey(0), 'given', (a0, a1))
@@ -465,17 +477,8 @@ def test_counterfactual_baselines_are_unbiased_and_measured_by_exact_enumeration
   from tokjax import estimator, losses  # pylint: disable=g-import-not-at-top
   from tokjax.models import boundaries as bd  # pylint: disable=g-import-not-at-top
 
-  l, c0, c1 = 7, 4, 3
-  model = _two_stage(3, 2, c0=c0, c1=c1, r0=0.4, r1=0.4, d=16, byte_window=4)
-  tokens1 = jax.random.randint(jax.random.PRNGKey(11), (1, l), 0, 256)
-  targets1 = jax.random.randint(jax.random.PRNGKey(12), (1, l), 0, 256)
-  params = _init(model, tokens1, jax.random.PRNGKey(0))
-  for name in ('boundary', 'inner_boundaries_0'):
-    params[name]['proj']['kernel'] = params[name]['proj']['kernel'] * 10.0
-  a0, a1 = _joint_actions(l, c0, c1)
+  l, model, params, a0, a1, tokens, targets, mask = _enumeration_setup()
   r = a0.shape[0]
-  tokens, targets = jnp.tile(tokens1, (r, 1)), jnp.tile(targets1, (r, 1))
-  mask = jnp.ones((r, l), jnp.float32)
   key = jax.random.PRNGKey(5)
   cfg = ml_collections.ConfigDict(
       dict(reward='early_exit', baseline='none', gamma=1.0, lambda_rl=1.0, lambda_rate=0.0)
