@@ -91,6 +91,18 @@ def match_flat_layers(flat_config, target: int) -> int:
   return min(range(1, 17), key=lambda n: abs(count(n) - target))
 
 
+def steps_for(budget: float, batch_size: int, seq_len: int) -> int:
+  """Training steps that spend a byte budget at batch_size x seq_len bytes per step (at least 1)."""
+  return max(1, round(budget / (batch_size * seq_len)))
+
+
+def median_bytes_per_s(rows) -> float:
+  """Median training bytes/s over a run's logged intervals (metrics.jsonl rows). The first interval
+  includes compilation: it is left out when there is more than one; 0 when none was logged."""
+  speeds = [r['bytes_per_s'] for r in rows if r['split'] == 'train' and 'bytes_per_s' in r]
+  return float(np.median(speeds[1:] if len(speeds) > 1 else speeds)) if speeds else 0.0
+
+
 def schedule(config, steps: int, evals: int) -> None:
   """Sets a run of `steps` steps in place: `evals` val evaluations, about 8 log lines, one
   checkpoint at the end; then validates the config."""
@@ -136,10 +148,7 @@ def run_method(method, config, out_dir):
   with open(log, 'w') as f, contextlib.redirect_stdout(f):
     val = train_lib.train(config)
   wall = time.time() - t0
-  rows = read_metrics(os.path.join(workdir, 'metrics.jsonl'))
-  speeds = [r['bytes_per_s'] for r in rows if r['split'] == 'train' and 'bytes_per_s' in r]
-  # The first logged interval includes compilation: leave it out when there is more than one.
-  speed = float(np.median(speeds[1:] if len(speeds) > 1 else speeds))
+  speed = median_bytes_per_s(read_metrics(os.path.join(workdir, 'metrics.jsonl')))
   return {
       'method': method,
       'train_bytes_per_s': speed,
@@ -282,7 +291,7 @@ def compare(
   os.makedirs(out_dir, exist_ok=True)
   configs = {m: variant_config(m, corpus, tiny, seed) for m in methods}
   base = variant_config('policy', corpus, tiny, seed)
-  steps = max(1, round(total_bytes / (base.data.batch_size * base.data.seq_len)))
+  steps = steps_for(total_bytes, base.data.batch_size, base.data.seq_len)
   hier_params = param_count(base)
   if 'flat' in configs:
     configs['flat'].model.num_layers = match_flat_layers(configs['flat'], hier_params)

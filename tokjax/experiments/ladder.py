@@ -29,6 +29,7 @@ each method does best with on val (OUT/lr.json), for later ladders' --lr_table.
 """
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -40,8 +41,9 @@ import time
 from absl import flags, logging
 import numpy as np
 
-from tokjax import cli, evaluation, flops
+from tokjax import cli, config_defaults, evaluation, flops
 from tokjax.errors import Interrupted, UserError
+from tokjax.experiments import compare
 from tokjax.metric_writers import read_metrics
 
 ONE_THREAD = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
@@ -76,14 +78,11 @@ class Scoring:
 
 
 def _short_hash(items) -> str:
-  import hashlib  # pylint: disable=g-import-not-at-top
-
   return hashlib.blake2b(repr(tuple(items)).encode(), digest_size=3).hexdigest()
 
 
 def build_config(run: Run):
   """The run's config: configs/compare.py:METHOD with its corpus, seed, seq_len, lr and budget."""
-  from tokjax.experiments import compare  # pylint: disable=g-import-not-at-top
 
   def variant(method):
     c = compare.variant_config(method, run.corpus, tiny=run.tiny, seed=run.seed)
@@ -102,7 +101,7 @@ def build_config(run: Run):
   for item in run.overrides:
     field, value = item.split('=', 1)
     _set_field(c, field, value)
-  compare.config_defaults.validate(c)
+  config_defaults.validate(c)
   return c
 
 
@@ -119,7 +118,7 @@ def _set_field(config, field: str, value: str) -> None:
 
 
 def steps_of(run: Run, batch_size: int) -> int:
-  return max(1, round(run.budget / (batch_size * run.seq_len)))
+  return compare.steps_for(run.budget, batch_size, run.seq_len)
 
 
 # -- one run (in its own process) ------------------------------------------------------------------
@@ -215,14 +214,13 @@ def _training_summary(config, run_dir) -> dict:
   rows = [r for r in read_metrics(os.path.join(run_dir, 'metrics.jsonl')) if r['split'] == 'train']
   rates = [r['rate'] for r in rows if 'rate' in r]
   rate = float(np.mean(rates)) if rates else None
-  speeds = [r['bytes_per_s'] for r in rows if 'bytes_per_s' in r]
   steps = config.train.steps
   return {
       'steps': steps,
       'train_bytes': steps * config.data.batch_size * config.data.seq_len,
       'train_rate': rate,
       'train_flops': flops.step_flops(config, rate) * steps,
-      'train_bytes_per_s': float(np.median(speeds[1:] if len(speeds) > 1 else speeds or [0])),
+      'train_bytes_per_s': compare.median_bytes_per_s(rows),
   }
 
 
@@ -469,10 +467,6 @@ def _rate_cell(rate, meta) -> str:
   return f'{rate:.3f}' + (' (off)' if off else '')
 
 
-def fmt(x, digits=3):
-  return '-' if x is None or (isinstance(x, float) and math.isnan(x)) else f'{x:.{digits}f}'
-
-
 def write_outputs(out_dir, rows, meta) -> None:
   """results.json, results.md and ladder.png."""
   _write_json(os.path.join(out_dir, 'results.json'), {'meta': meta, 'rows': rows})
@@ -503,15 +497,15 @@ def write_outputs(out_dir, rows, meta) -> None:
     p = r.get('paired')
     lines.append(
         f'| {r["budget"]:.3g} | {r["seq_len"]} | {r["method"]} | {r["lr"]:g} | {len(r["seeds"])} | '
-        f'{fmt(r["test_bpb"])} +- {fmt(r["test_bpb_se"])} | '
+        f'{compare.fmt(r["test_bpb"], 3)} +- {compare.fmt(r["test_bpb_se"], 3)} | '
         + (
-            f'{p["diff"]:+.4f} +- {p["se"]:.4f} | {fmt(p["seed_se"], 4)} | {p["a_better"]:.2f} | '
+            f'{p["diff"]:+.4f} +- {p["se"]:.4f} | {compare.fmt(p["seed_se"], 4)} | {p["a_better"]:.2f} | '
             if p
             else '(ref) | - | - | '
         )
-        + f'{_rate_cell(r["rate"], meta)} | {fmt(r["train_rate"])} | '
-        f'{fmt(r["whitespace_recall"])} | '
-        f'{fmt(r["whitespace_precision"])} | {r["train_flops"]:.3g} |'
+        + f'{_rate_cell(r["rate"], meta)} | {compare.fmt(r["train_rate"], 3)} | '
+        f'{compare.fmt(r["whitespace_recall"], 3)} | '
+        f'{compare.fmt(r["whitespace_precision"], 3)} | {r["train_flops"]:.3g} |'
     )
   cross = sorted({c for r in rows for c in r.get('cross_bpb', {})})
   if cross:
@@ -531,7 +525,7 @@ def write_outputs(out_dir, rows, meta) -> None:
       for c in cross:
         p = r.get('cross_paired', {}).get(c)
         cells += [
-            fmt(r['cross_bpb'].get(c)),
+            compare.fmt(r['cross_bpb'].get(c), 3),
             f'{p["diff"]:+.4f} +- {p["se"]:.4f}' if p else '(ref)',
         ]
       lines.append(
@@ -659,7 +653,6 @@ def main(argv):
       os.sched_setaffinity(0, {f.core})  # Before JAX starts its threads, which inherit it.
     work(f.worker)
     return
-  from tokjax.experiments import compare  # pylint: disable=g-import-not-at-top
 
   known = compare.method_names()
   bad = [m for m in f.methods if m not in known]
