@@ -9,7 +9,7 @@ attention). A method added to the registry is a variant here with no edit. A met
 score function only when its registry entry says so; the rivals get no policy gradient.
 Hierarchical model, d_model 128, encoder/main/decoder 1/2/1 blocks, L = 256, B = 16, 600 steps on the
 standard-library corpus; `,tiny` shrinks it (config_defaults.tiny). The comparison at equal byte
-budget (`python -m tokjax.experiments.compare`) trains these variants; its measured results are in
+budget (`python -m tokjax.lab.compare`) trains these variants; its measured results are in
 results/compare/.
 """
 

@@ -1,7 +1,7 @@
 r"""The score-function method under each estimator baseline at equal compute, one variant each.
 
   python -m tokjax.train --config configs/estimators.py:rloo2x8 --config.data.corpus=shakespeare
-  python -m tokjax.experiments.estimator_training --corpus shakespeare --steps 600 --seeds 0,1,2
+  python -m tokjax.lab.estimator_training --corpus shakespeare --steps 600 --seeds 0,1,2
 
 configs/default.py with the variant's baseline (tokjax/estimator.py, `estimator.BASELINES`) and
 batch. "Draws" = boundary draws per step, each one pass of the main and decoder stacks over a 256-byte

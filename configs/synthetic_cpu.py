@@ -1,11 +1,11 @@
 r"""The synthetic learning check: does the score-function policy find planted word ends? (CPU size.)
 
-  python -m tokjax.experiments.synthetic --steps 800 --eval_every 100 --out results/synthetic
+  python -m tokjax.lab.synthetic --steps 800 --eval_every 100 --out results/synthetic
 
 Once that command has written its corpus, one run alone trains with
   python -m tokjax.train --config configs/synthetic_cpu.py:method --config.data.corpus=runs/synthetic/corpus
 
-Corpus (tokjax/experiments/synthetic.py): fresh random words of 2..6 letters each closed by a space
+Corpus (tokjax/lab/synthetic.py): fresh random words of 2..6 letters each closed by a space
 (3..7 bytes, planted rate 0.197), in blocks of 3..6 words each followed by an exact copy; one document
 is one training window (seq_len - 1 bytes); 4000 training documents, 128 held-out ones.
 Model: d_model 64, 4 heads, encoder/main/decoder 1/2/1 blocks, byte window 8, capacity 64,

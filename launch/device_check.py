@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tokjax import compile_check, config_defaults, flops, sharding, train, train_state
-from tokjax.benchmarks.throughput import median_seconds
+from tokjax.lab.benchmarks.throughput import median_seconds
 from tokjax.models import boundaries
 
 # Per-device batch to try first at L = 4096, from the AOT compiles for TPU v5p (results/scale/):

@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 
+from tokjax.lab import chaos
 from tokjax.metric_writers import read_metrics
-from tokjax.tools import chaos
 
 # The tool's tiny default config, shortened: two checkpoints before the end, one evaluation.
 _SHORT = (
@@ -20,7 +20,7 @@ _SHORT = (
 
 def _chaos(workdir, *args):
   return subprocess.run(
-      [sys.executable, '-m', 'tokjax.tools.chaos', f'--workdir={workdir}', *_SHORT, *args],
+      [sys.executable, '-m', 'tokjax.lab.chaos', f'--workdir={workdir}', *_SHORT, *args],
       capture_output=True,
       text=True,
       timeout=1200,

@@ -17,10 +17,10 @@ COMMANDS = (
     'tokjax.evaluate',
     'tokjax.sample',
     'tokjax.segment',
-    'tokjax.experiments.compare',
-    'tokjax.experiments.synthetic',
-    'tokjax.experiments.estimator_training',
-    'tokjax.analysis.estimators',
+    'tokjax.lab.compare',
+    'tokjax.lab.synthetic',
+    'tokjax.lab.estimator_training',
+    'tokjax.lab.estimators',
 )
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tokjax import config_defaults, evaluation
-from tokjax.experiments import compare
+from tokjax.lab import compare
 from tokjax.models import registry
 
 

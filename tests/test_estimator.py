@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tokjax import estimator, losses
-from tokjax.analysis import estimators as lab
+from tokjax.lab import estimators as lab
 from tokjax.models import boundaries as bd
 from tokjax.models import hierarchical
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tokjax import estimator
-from tokjax.analysis import estimators as lab
+from tokjax.lab import estimators as lab
 
 
 def test_summarize_recovers_the_variance_bias_and_cosine_of_a_known_gaussian():

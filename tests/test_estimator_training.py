@@ -7,7 +7,7 @@ import os
 import pytest
 
 from tokjax.errors import UserError
-from tokjax.experiments import estimator_training as et
+from tokjax.lab import estimator_training as et
 
 
 @pytest.mark.parametrize('tiny', [False, True])

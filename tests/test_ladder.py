@@ -13,7 +13,7 @@ import pytest
 
 from tokjax import evaluation
 from tokjax.errors import UserError
-from tokjax.experiments import ladder
+from tokjax.lab import ladder
 
 
 def _result(method, seed, unit_ce, bpb, budget=1e6):
@@ -61,7 +61,7 @@ def test_summarize_pairs_every_method_with_the_reference_at_its_best_lr():
 
 def _ladder(out, *extra, methods='policy'):
   """The ladder command over tiny runs (about 200 steps each, checkpoints every 20)."""
-  cmd = [sys.executable, '-m', 'tokjax.experiments.ladder', '--tiny', '--corpus', 'stdlib']
+  cmd = [sys.executable, '-m', 'tokjax.lab.ladder', '--tiny', '--corpus', 'stdlib']
   cmd += ['--set', 'data.max_bytes=200000', '--set', 'train.checkpoint_every=20']
   cmd += ['--set', 'train.log_every=10', '--set', 'eval.max_batches=2']
   cmd += ['--budgets', '5e4', '--methods', methods, '--jobs', '1', '--progress_s', '2']
@@ -140,7 +140,7 @@ def test_bad_ladder_flags_get_one_line(tmp_path):
       (['--override', 'hnet'], 'must be METHOD:FIELD=VALUE'),
       (['--set', 'model.nosuch=1'], 'not a config field'),
   ]:
-    cmd = [sys.executable, '-m', 'tokjax.experiments.ladder', '--out', str(tmp_path), *args]
+    cmd = [sys.executable, '-m', 'tokjax.lab.ladder', '--out', str(tmp_path), *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from tokjax import config_defaults, flops
-from tokjax.experiments import multistage
+from tokjax.lab import multistage
 
 
 def _corpus(tmp_path):

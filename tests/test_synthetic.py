@@ -1,10 +1,10 @@
-"""Tests of the synthetic planted-segment corpus and the boundary F1 of tokjax/experiments/synthetic.py."""
+"""Tests of the synthetic planted-segment corpus and the boundary F1 of tokjax/lab/synthetic.py."""
 
 import numpy as np
 import pytest
 
 from tokjax.data import BOS_ID, PAD_ID
-from tokjax.experiments import synthetic
+from tokjax.lab import synthetic
 from tokjax.models.rivals import rules
 
 N_BYTES = 127

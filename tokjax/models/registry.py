@@ -4,7 +4,7 @@ A method is declared next to its module with `register(BoundaryMethod(...))`; th
 boundaries.py, every rival in a module of the `tokjax.models.rivals` package. `methods()` imports
 boundaries.py and every module of that package once, so adding a method is one new file under
 tokjax/models/rivals/ (plus its test): its settings appear as `config.boundary.NAME.*` (from
-`defaults`), `--config.boundary.method=NAME` builds it, `python -m tokjax.experiments.compare` and
+`defaults`), `--config.boundary.method=NAME` builds it, `python -m tokjax.lab.compare` and
 `configs/compare.py:NAME` train it, and tests/test_rivals.py checks it. See README, "Extending tokjax".
 """
 

@@ -1,7 +1,7 @@
 """Rival boundary methods, each behind the `BoundaryPolicy` call signature, one module each.
 
 Every module here declares its methods with `registry.register` (tokjax/models/registry.py), which
-imports them all; `python -m tokjax.experiments.compare --helpfull` lists them. Built in:
+imports them all; `python -m tokjax.lab.compare --helpfull` lists them. Built in:
 
   'hnet'        H-Net dynamic chunking (hnet.py)          straight-through, ratio loss
   'gumbel'      dynamic token pooling, Gumbel-sigmoid     straight-through, binomial prior

@@ -1,10 +1,10 @@
 r"""Train every boundary method at the same parameter count, target rate and byte budget, and compare.
 
-  python -m tokjax.experiments.compare --corpus shakespeare --bytes 2e6 --out results/compare/shakespeare
+  python -m tokjax.lab.compare --corpus shakespeare --bytes 2e6 --out results/compare/shakespeare
 
 Methods: the variants of configs/compare.py, i.e. every boundary method of the registry
 (tokjax/models/registry.py: 'policy', the score-function method, and the rivals) and 'flat' (its layer
-count chosen to match the hierarchical parameter count); `python -m tokjax.experiments.compare
+count chosen to match the hierarchical parameter count); `python -m tokjax.lab.compare
 --helpfull` lists them. Each trains with `tokjax.train.train` for
 steps = bytes / (batch * seq_len) in its own workdir OUT/METHOD (its console output goes to
 OUT/METHOD/train.log); a method whose OUT/METHOD/result.json exists is not retrained. Then the last
@@ -339,7 +339,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save and restore at INFO.
   if _BYTES.value <= 0:
     raise UserError(f'--bytes={_BYTES.value} must be positive (e.g. --bytes 2e6).')
-  command = 'python -m tokjax.experiments.compare ' + ' '.join(sys.argv[1:])
+  command = 'python -m tokjax.lab.compare ' + ' '.join(sys.argv[1:])
   compare(
       _CORPUS.value,
       _BYTES.value,

@@ -1,6 +1,6 @@
 r"""The synthetic learning check: a corpus with planted segments, and how well learned boundaries find them.
 
-  python -m tokjax.experiments.synthetic [--steps 800] [--out results/synthetic]
+  python -m tokjax.lab.synthetic [--steps 800] [--out results/synthetic]
 
 THE CORPUS (`CorpusSpec`). Words of min_len..max_len bytes (mean 5, so the planted segment rate is the
 target rate 0.2): by default fresh random lowercase letters closed by a space (`--lexicon_size N` draws
@@ -335,7 +335,7 @@ def write_results(out: str, command: str, spec: CorpusSpec, curves: dict, second
       '',
       f'Command: `{command}`',
       '',
-      f'Corpus: {_spec_dict(spec)}; see tokjax/experiments/synthetic.py.',
+      f'Corpus: {_spec_dict(spec)}; see tokjax/lab/synthetic.py.',
       '',
       'F1 = boundary F1 against the planted word ends on held-out documents (greedy: p > 0.5; '
       "sample: drawn as in training). bpb: with the run's own sampled boundaries; oracle / "
@@ -390,7 +390,7 @@ def main(argv):
   os.makedirs(out, exist_ok=True)
   held_out = make_corpus(_SEED.value + 1000, _SEED.value, _EVAL_DOCS.value, n, spec)
   arrays = eval_arrays(held_out, base.data.seq_len)
-  command = 'python -m tokjax.experiments.synthetic ' + ' '.join(sys.argv[1:])
+  command = 'python -m tokjax.lab.synthetic ' + ' '.join(sys.argv[1:])
   curves, seconds = {}, {}
   results_path = os.path.join(out, 'results.json')
   if os.path.exists(results_path):  # Runs already evaluated are kept when only some are redone.

@@ -1,6 +1,6 @@
 r"""One stage against two stages of boundaries at equal training FLOPs, with statistics per level.
 
-  python -m tokjax.experiments.multistage --corpus stdlib --steps 300 --batch 8 \
+  python -m tokjax.lab.multistage --corpus stdlib --steps 300 --batch 8 \
       --eval_docs 8 --eval_doc_bytes 6144 --out results/multistage/stdlib
 
 Runs (`RUNS`): 'one_stage' (configs/default.py: bytes -> chunks, the score-function policy) and the
@@ -30,7 +30,7 @@ import numpy as np
 from tokjax import checkpointing, cli, config_defaults, evaluation, flops, losses, segmentation
 from tokjax.data import pipeline
 from tokjax.errors import UserError
-from tokjax.experiments import compare
+from tokjax.lab import compare
 from tokjax.models import hierarchical
 
 # run -> (configs/FILE.py, its variant or None, boundary methods per stage as shown in the tables).
@@ -374,7 +374,7 @@ def multistage(
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save and restore at INFO.
-  command = 'python -m tokjax.experiments.multistage ' + ' '.join(sys.argv[1:])
+  command = 'python -m tokjax.lab.multistage ' + ' '.join(sys.argv[1:])
   multistage(
       _CORPUS.value,
       _STEPS.value,

@@ -1,6 +1,6 @@
 r"""A budget ladder: every boundary method trained at growing byte budgets, scored paired on the same units.
 
-  python -m tokjax.experiments.ladder --corpus shakespeare --budgets 1e6,4e6 \
+  python -m tokjax.lab.ladder --corpus shakespeare --budgets 1e6,4e6 \
       --methods policy,hnet,bpe,uniform,whitespace,stride,flat --seeds 0,1,2 --jobs 2 \
       --out results/ladder/shakespeare
 
@@ -43,7 +43,7 @@ import numpy as np
 
 from tokjax import cli, config_defaults, evaluation, flops
 from tokjax.errors import Interrupted, UserError
-from tokjax.experiments import compare
+from tokjax.lab import compare
 from tokjax.metric_writers import read_metrics
 
 ONE_THREAD = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
@@ -322,7 +322,7 @@ def execute(
         # The worker pins itself (no Python between fork and exec: this process runs JAX), in a
         # session of its own so that a Ctrl-C reaches it only through stop() below.
         p = subprocess.Popen(
-            [sys.executable, '-m', 'tokjax.experiments.ladder', '--worker', d, f'--core={core}'],
+            [sys.executable, '-m', 'tokjax.lab.ladder', '--worker', d, f'--core={core}'],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -700,7 +700,7 @@ def main(argv):
   meta = {
       'corpus': f.corpus,
       # The command that trains these runs (a --report of them runs the same grid).
-      'command': 'python -m tokjax.experiments.ladder '
+      'command': 'python -m tokjax.lab.ladder '
       + ' '.join(a for a in sys.argv[1:] if a not in ('--report', '--resume')),
       'reference': f.reference,
       'unit_bytes': f.unit_bytes,

@@ -1,8 +1,8 @@
 r"""Fault injection: SIGKILL a training run at random moments, resume it each time, and check that it
 ends exactly where an uninterrupted run of the same config ends.
 
-  python -m tokjax.tools.chaos [--kills 5] [--seed 0] [--workdir DIR] \
-      [--config tokjax/tools/chaos_config.py] [--config.train.steps=40 ...]
+  python -m tokjax.lab.chaos [--kills 5] [--seed 0] [--workdir DIR] \
+      [--config tokjax/lab/chaos_config.py] [--config.train.steps=40 ...]
 
 First the config trains uninterrupted in DIR/uninterrupted; its timeline (compile time, time per
 step, time per checkpoint save) calibrates the kills. Then the same config trains in DIR/chaos, and

@@ -1,6 +1,6 @@
 """The chaos tool's default run: a tiny hierarchical model that checkpoints every 5 of its 30 steps.
 
-  python -m tokjax.tools.chaos --config tokjax/tools/chaos_config.py
+  python -m tokjax.lab.chaos --config tokjax/lab/chaos_config.py
 
 Small, so that a run with many kills stays short, and saving often enough that random kills land
 during and just after saves as well as between them (it logs every step for the same reason).

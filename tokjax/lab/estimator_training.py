@@ -1,6 +1,6 @@
 r"""Train the score-function method under each baseline at equal compute, over seeds, and compare.
 
-  python -m tokjax.experiments.estimator_training --corpus shakespeare --steps 600 --seeds 0,1,2 \
+  python -m tokjax.lab.estimator_training --corpus shakespeare --steps 600 --seeds 0,1,2 \
       --out results/estimators/training
 
 Variants: those of configs/estimators.py (its docstring describes them; "draws" = boundary draws per
@@ -28,7 +28,7 @@ import numpy as np
 
 from tokjax import cli, config_defaults, estimator
 from tokjax.errors import UserError
-from tokjax.experiments import compare
+from tokjax.lab import compare
 from tokjax.metric_writers import read_metrics
 
 VARIANTS = config_defaults.load_module('estimators').VARIANTS  # name -> one-line description.
@@ -280,7 +280,7 @@ def main(argv):
     raise UserError(
         f'--seeds={",".join(_SEEDS.value)} must be a comma-separated list of integers.'
     ) from e
-  command = 'python -m tokjax.experiments.estimator_training ' + ' '.join(sys.argv[1:])
+  command = 'python -m tokjax.lab.estimator_training ' + ' '.join(sys.argv[1:])
   run_grid(
       _CORPUS.value,
       _STEPS.value,

@@ -1,6 +1,6 @@
 r"""Train-step throughput of the hierarchical model against the flat byte Transformer at equal size.
 
-  python -m tokjax.benchmarks.throughput [--config configs/default.py] [--seq_lens 512,2048]
+  python -m tokjax.lab.benchmarks.throughput [--config configs/default.py] [--seq_lens 512,2048]
       [--bytes_per_step 8192] [--models w1,w8,flat]
 
 For each sequence length L (batch = bytes_per_step / L, bytes_per_step defaulting to

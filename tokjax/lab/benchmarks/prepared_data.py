@@ -1,6 +1,6 @@
 r"""Start-up time and host memory of training on a prepared corpus, at growing corpus sizes.
 
-  python -m tokjax.benchmarks.prepared_data --sizes 10e6,1e9,5e9 --scratch /tmp/tokjax-bench \
+  python -m tokjax.lab.benchmarks.prepared_data --sizes 10e6,1e9,5e9 --scratch /tmp/tokjax-bench \
       --out results/data/startup.json
 
 For each size it writes a folder of synthetic text documents (lowercase letters, a newline every 64
@@ -83,7 +83,7 @@ def _first_step_row(corpus: str) -> dict:
       [
           sys.executable,
           '-m',
-          'tokjax.benchmarks.prepared_data',
+          'tokjax.lab.benchmarks.prepared_data',
           '--first_step',
           corpus,
           '--t0',
@@ -97,7 +97,7 @@ def _first_step_row(corpus: str) -> dict:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m tokjax.benchmarks.prepared_data')
+  parser = argparse.ArgumentParser(prog='python -m tokjax.lab.benchmarks.prepared_data')
   parser.add_argument('--sizes', default='10e6,1e9,5e9', help='corpus bytes, comma separated')
   parser.add_argument('--scratch', default='/tmp/tokjax-bench', help='local disk for the corpora')
   parser.add_argument('--out', default=None, help='also write the rows as JSON here')

@@ -1,6 +1,6 @@
 r"""Step time and per-device memory of the sharded train step for 1, 2, 4 and 8 devices.
 
-  python -m tokjax.benchmarks.scaling [--config configs/default.py] [--layout fsdp] [--devices 1,2,4,8]
+  python -m tokjax.lab.benchmarks.scaling [--config configs/default.py] [--layout fsdp] [--devices 1,2,4,8]
 
 Each device count runs in its own subprocess, because the number of simulated CPU devices
 (XLA_FLAGS=--xla_force_host_platform_device_count=N) is fixed when jax starts. On a GPU node or a TPU
@@ -136,7 +136,7 @@ def run_all(devices, layout: str, steps: int) -> list[dict]:
     cmd = [
         sys.executable,
         '-m',
-        'tokjax.benchmarks.scaling',
+        'tokjax.lab.benchmarks.scaling',
         f'--worker={n}',
         f'--config={config_file}',
         f'--layout={layout}',

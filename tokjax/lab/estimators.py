@@ -1,8 +1,8 @@
 r"""The estimator lab: bias and variance of boundary-gradient estimators on one fixed model and batch.
 
-  python -m tokjax.analysis.estimators [--samples 4000] [--out results/estimators]      # tiny model
-  python -m tokjax.analysis.estimators --config configs/default.py --samples 256        # fresh model
-  python -m tokjax.analysis.estimators --checkpoint runs/default --samples 256          # trained model
+  python -m tokjax.lab.estimators [--samples 4000] [--out results/estimators]      # tiny model
+  python -m tokjax.lab.estimators --config configs/default.py --samples 256        # fresh model
+  python -m tokjax.lab.estimators --checkpoint runs/default --samples 256          # trained model
 
 ONE ESTIMATE is the gradient, with respect to the boundary policy's own parameters, of the policy loss
 of one boundary draw of the whole batch (lambda_rl = 1; the rate loss is left out: it is a controller,
@@ -688,7 +688,7 @@ def main(argv):
         variants,
         ste_setups={k: setups[k] for k in ('gumbel', 'hnet')},
     )
-  command = 'python -m tokjax.analysis.estimators ' + ' '.join(sys.argv[1:])
+  command = 'python -m tokjax.lab.estimators ' + ' '.join(sys.argv[1:])
   write_outputs(result, _OUT.value, command.strip(), _NAME.value or name)
   print(f'wrote {_OUT.value}/{_NAME.value or name}.md, .json and _variance_vs_gamma.png')
 

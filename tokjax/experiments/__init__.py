@@ -1,1 +1,0 @@
-"""Experiments built on the trainer: `compare` trains every boundary method at equal budget."""

@@ -1,1 +1,0 @@
-"""Tools that exercise a whole training run from outside (fault injection)."""
