@@ -21,7 +21,7 @@ measured with
       flops.flops_per_byte(b, (0.2, 0.5)))"
 Parameters: 184.9M against 146.9M for the one-stage config (the 8 stage-1 layers run on the stage-0
 chunks, where the one-stage model runs its main layers, so equal FLOPs buy 4 more layers), counted
-with jax.eval_shape of models.build_model(c).init (tokjax.lab.compare.param_count).
+with jax.eval_shape of models.build_model(c).init (tokjax.lab.common.param_count).
 Not run at scale: tokjax has neither trained nor compiled this config on accelerators.
 """
 

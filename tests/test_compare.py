@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tokjax import config_defaults, evaluation
-from tokjax.lab import compare
+from tokjax.lab import common, compare
 from tokjax.models import registry
 
 
@@ -51,7 +51,7 @@ def test_a_method_added_in_one_file_trains_through_the_compare_command(tmp_path,
   """tests/toy_boundary.py registers 'punctuation' (one file); compare finds it by name, gives it its
   config section, trains it one step without a policy gradient and evaluates it."""
 
-  assert toy_method in compare.method_names()
+  assert toy_method in common.method_names()
   corpus = _corpus(tmp_path)
   results = compare.compare(
       str(corpus),
@@ -120,7 +120,7 @@ def test_compare_runs_methods_end_to_end(tmp_path):
       evals=1,
       command='test',
   )
-  assert set(SOME_METHODS) <= set(compare.method_names())
+  assert set(SOME_METHODS) <= set(common.method_names())
   assert [r['method'] for r in results] == SOME_METHODS
   table = (out / 'results.md').read_text()
   rows = [line for line in table.splitlines() if line.startswith('| ') and '---' not in line][1:]
@@ -135,11 +135,11 @@ def test_compare_runs_methods_end_to_end(tmp_path):
   hier = data['meta']['hierarchical_params']
   flat = by['flat']['params']
   layers = data['meta']['flat_layers']
-  cfg = compare.variant_config('flat', str(corpus), True)
+  cfg = common.compare_config('flat', str(corpus), True)
   for other in (layers - 1, layers + 1):
     if other >= 1:
       cfg.model.num_layers = other
-      assert abs(compare.param_count(cfg) - hier) >= abs(flat - hier)
+      assert abs(common.param_count(cfg) - hier) >= abs(flat - hier)
   for name in ('curves.png', 'heatmap.png', 'segmentations.md'):
     assert os.path.getsize(out / name) > 0
   seg = (out / 'segmentations.md').read_text()

@@ -12,7 +12,7 @@ from tokjax.lab import estimator_training as et
 
 @pytest.mark.parametrize('tiny', [False, True])
 def test_variants_spend_equal_draws_per_step_except_the_reference(tiny):
-  configs = {v: et.variant_config(v, 'shakespeare', 0, 10, 5, tiny) for v in et.VARIANTS}
+  configs = {v: et.variant_config(v, 'shakespeare', 0, 10, 5, tiny) for v in et.variants()}
   full = et.draws_per_step(configs['full'])
   assert full == (4 if tiny else 16)
   for name, c in configs.items():

@@ -11,4 +11,7 @@ import-linter contracts check it in CI. Each module is a command:
   python -m tokjax.lab.estimator_training   estimators compared over whole training runs
   python -m tokjax.lab.chaos                kill -9 / SIGTERM fault injection against exact resume
   python -m tokjax.lab.benchmarks.{throughput,scaling,prepared_data}
+
+What the experiments share (train or load a run, evaluate it, write its results table and plot)
+is tokjax.lab.common.
 """

@@ -19,7 +19,6 @@ whitespace recall of the policy on validation over training, and the steps until
 ends a chunk at >= 90% of whitespace bytes.
 """
 
-import json
 import os
 import sys
 
@@ -28,10 +27,15 @@ import numpy as np
 
 from tokjax import cli, config_defaults, estimator
 from tokjax.errors import UserError
-from tokjax.lab import compare
+from tokjax.lab import common
 from tokjax.metric_writers import read_metrics
 
-VARIANTS = config_defaults.load_module('estimators').VARIANTS  # name -> one-line description.
+
+def variants() -> dict[str, str]:
+  """The variants of configs/estimators.py: name -> one-line description."""
+  return config_defaults.load_module('estimators').VARIANTS
+
+
 WS_THRESHOLD = (
     0.9  # "Learned": the sampled policy ends a chunk at this fraction of whitespace bytes.
 )
@@ -47,7 +51,7 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
       'variants',
       'full,gae,rloo4x4,rloo2x8',
       'Variants, from '
-      + ','.join(VARIANTS)
+      + ','.join(variants())
       + '; NAME:S1+S2 trains NAME with its own seeds S1, S2 instead of --seeds.',
   )
   _OUT = flags.DEFINE_string('out', 'results/estimators/training', 'Results folder.')
@@ -58,8 +62,10 @@ def variant_config(
     variant: str, corpus: str, seed: int, steps: int, eval_every: int, tiny: bool = False
 ):
   """configs/estimators.py:VARIANT[,tiny] with the command's corpus, seed and schedule; validated."""
-  if variant not in VARIANTS:
-    raise UserError(f'unknown variant {variant!r}; --variants takes some of {",".join(VARIANTS)}.')
+  if variant not in variants():
+    raise UserError(
+        f'unknown variant {variant!r}; --variants takes some of {",".join(variants())}.'
+    )
   c = config_defaults.load('estimators', f'{variant},tiny' if tiny else variant)
   c.data.corpus = corpus
   c.seed = seed
@@ -122,6 +128,12 @@ def _mean_sd(xs, digits=3):
   )
 
 
+def _reached(rs) -> str:
+  """Mean steps to the whitespace threshold over the seeds that reached it, with their count."""
+  reached = [r['steps_to_ws'] for r in rs if r['steps_to_ws'] is not None]
+  return _mean_sd(reached, 0) + (f' ({len(reached)}/{len(rs)})' if len(reached) < len(rs) else '')
+
+
 def _at(run, step, key='whitespace_recall'):
   c = run['curve']
   return c[key][c['step'].index(step)] if step in c['step'] else None
@@ -130,13 +142,6 @@ def _at(run, step, key='whitespace_recall'):
 def write_outputs(out_dir, runs, meta):
   """runs: {variant: [per-seed summaries]}, meta['seeds']: {variant: seeds} -> results.md, results.json,
   curves.png in out_dir."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  with open(os.path.join(out_dir, 'results.json'), 'w') as f:
-    json.dump({'meta': meta, 'runs': runs}, f, indent=1)
   steps = meta['steps']
   every = meta['eval_every']
   marks = sorted({every * max(1, round(steps * f / every)) for f in (1 / 6, 1 / 3, 1 / 2)})
@@ -154,33 +159,33 @@ def write_outputs(out_dir, runs, meta):
       f'sampled ws >= {WS_THRESHOLD} ("-" if a seed never got there: averaged over the seeds that did, '
       'with the count). s/step: median over log intervals, on the cores the command ran on.',
       '',
-      '| variant | draws/step | train bytes | '
-      + ' | '.join(f'ws @{s}' for s in marks)
-      + f' | steps to ws {WS_THRESHOLD} | late ws | late ws precision | late greedy ws | final val bpb '
-      '| final rate | s/step |',
-      '|---|---|---|' + '---|' * len(marks) + '---|---|---|---|---|---|---|',
+      *common.table(
+          'variant | draws/step | train bytes | '
+          + ' | '.join(f'ws @{s}' for s in marks)
+          + f' | steps to ws {WS_THRESHOLD} | late ws | late ws precision | late greedy ws | '
+          'final val bpb | final rate | s/step',
+          (
+              f'{name} | {rs[0]["draws_per_step"]} | {rs[0]["train_bytes"]:.3g} | '
+              + ' | '.join(_mean_sd([_at(r, s) for r in rs], 2) for s in marks)
+              + f' | {_reached(rs)} | {_mean_sd([r["late_ws"] for r in rs])} | '
+              f'{_mean_sd([r["late_ws_precision"] for r in rs])} | '
+              f'{_mean_sd([r["late_greedy_ws"] for r in rs])} | '
+              f'{_mean_sd([r["final_bpb"] for r in rs])} | '
+              f'{_mean_sd([r["final_rate"] for r in rs])} | '
+              f'{_mean_sd([r["step_s"] for r in rs], 3)}'
+              for name, rs in runs.items()
+          ),
+      ),
   ]
-  for name, rs in runs.items():
-    reached = [r['steps_to_ws'] for r in rs if r['steps_to_ws'] is not None]
-    reach = _mean_sd(reached, 0) + (
-        f' ({len(reached)}/{len(rs)})' if len(reached) < len(rs) else ''
-    )
-    lines.append(
-        f'| {name} | {rs[0]["draws_per_step"]} | {rs[0]["train_bytes"]:.3g} | '
-        + ' | '.join(_mean_sd([_at(r, s) for r in rs], 2) for s in marks)
-        + f' | {reach} | {_mean_sd([r["late_ws"] for r in rs])} | '
-        f'{_mean_sd([r["late_ws_precision"] for r in rs])} | '
-        f'{_mean_sd([r["late_greedy_ws"] for r in rs])} | {_mean_sd([r["final_bpb"] for r in rs])} | '
-        f'{_mean_sd([r["final_rate"] for r in rs])} | {_mean_sd([r["step_s"] for r in rs], 3)} |'
-    )
+  described = variants()
   lines += (
       ['', 'Variants:', '']
-      + [f'- `{n}`: {VARIANTS[n]}; seeds {meta["seeds"][n]}' for n in runs]
+      + [f'- `{n}`: {described[n]}; seeds {meta["seeds"][n]}' for n in runs]
       + ['']
   )
-  with open(os.path.join(out_dir, 'results.md'), 'w') as f:
-    f.write('\n'.join(lines))
+  common.write_results(out_dir, {'meta': meta, 'runs': runs}, lines)
 
+  plt = common.pyplot()
   fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
   for i, (name, rs) in enumerate(runs.items()):
     color = f'C{i}'
@@ -207,9 +212,7 @@ def write_outputs(out_dir, runs, meta):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
   fig.suptitle(f'{meta["corpus"]}: one line per seed')
-  fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, 'curves.png'), dpi=110)
-  plt.close(fig)
+  common.save_figure(fig, os.path.join(out_dir, 'curves.png'))
 
 
 def parse_variants(specs, seeds):
@@ -246,12 +249,7 @@ def run_grid(corpus, steps, eval_every, seeds, variants, out_dir, tiny=False, co
         f'[estimator_training] {name}: {steps} steps, {draws_per_step(config)} draws/step',
         flush=True,
     )
-    result_path = os.path.join(out_dir, name, 'result.json')
-    trained = not os.path.exists(result_path)
-    result = compare.run_method(name, config, out_dir)  # Loads result.json when it exists.
-    if trained:
-      with open(result_path, 'w') as f:
-        json.dump(result, f)
+    result = common.train_or_load(name, config, out_dir)
     runs[v].append(summarize_run(os.path.join(out_dir, name), config, result))
     r = runs[v][-1]
     print(

@@ -37,7 +37,6 @@ for an unbiased estimator and large for a biased one. RLOO and mean-of-K estimat
 """
 
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -53,6 +52,7 @@ import numpy as np
 from tokjax import cli, estimator, losses
 from tokjax.data import VOCAB_SIZE
 from tokjax.errors import UserError
+from tokjax.lab import common
 from tokjax.models import boundaries as bd
 from tokjax.models import hierarchical
 from tokjax.models.rivals import gumbel as gumbel_lib
@@ -562,35 +562,31 @@ def _fmt(x, digits=3):
   return str(x)
 
 
-def to_markdown(result: dict, command: str) -> str:
+def result_lines(result: dict, command: str) -> list[str]:
+  """The lines of the results page: the command, the reference and one table row per variant."""
   ref = result['reference']
-  lines = [
+  return [
       f'Command: `{command}`',
       '',
       f'Reference gradient: {ref["kind"]}, |g*| = {ref["norm"]:.4g}.',
       '',
-      '| variant | draws/est. | estimates | tr(Cov) | tr(Cov)/abs(g*)^2 | var x draws | '
-      'cos(single, mean) | cos(single, g*) | cos(mean, g*) | rel. bias | bias chi | max z |',
-      '|---|---|---|---|---|---|---|---|---|---|---|---|',
+      *common.table(
+          'variant | draws/est. | estimates | tr(Cov) | tr(Cov)/abs(g*)^2 | var x draws | '
+          'cos(single, mean) | cos(single, g*) | cos(mean, g*) | rel. bias | bias chi | max z',
+          (
+              f'{r["name"]} | {r["draws"]} | {r["n"]} | {_fmt(r["variance"])} | '
+              f'{_fmt(r["rel_variance"])} | {_fmt(r["var_x_draws"])} | {_fmt(r["cos_single_mean"])} | '
+              f'{_fmt(r["cos_single_ref"])} | {_fmt(r["cos_mean_ref"])} | {_fmt(r["rel_bias"])} | '
+              f'{_fmt(r["bias_chi"])} | {_fmt(r.get("max_z", "-"))}'
+              for r in result['rows']
+          ),
+      ),
   ]
-  for r in result['rows']:
-    lines.append(
-        f'| {r["name"]} | {r["draws"]} | {r["n"]} | {_fmt(r["variance"])} | '
-        f'{_fmt(r["rel_variance"])} | {_fmt(r["var_x_draws"])} | {_fmt(r["cos_single_mean"])} | '
-        f'{_fmt(r["cos_single_ref"])} | {_fmt(r["cos_mean_ref"])} | {_fmt(r["rel_bias"])} | '
-        f'{_fmt(r["bias_chi"])} | {_fmt(r.get("max_z", "-"))} |'
-    )
-  return '\n'.join(lines) + '\n'
 
 
 def plot_variance(result: dict, path: str) -> None:
   """PNG of variance (relative to |g*|^2) against gamma for the two gamma sweeps."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  fig, ax = plt.subplots(figsize=(5, 3.5))
+  fig, ax = common.pyplot().subplots(figsize=(5, 3.5))
   for group, label in (
       ('sweep_plain', 'reward -CE, no baseline'),
       ('sweep_full', 'early-exit reward + batch-relative'),
@@ -602,17 +598,12 @@ def plot_variance(result: dict, path: str) -> None:
   ax.set_xlabel('gamma')
   ax.set_ylabel('tr(Cov) / |g*|^2 (one draw)')
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  common.save_figure(fig, path, dpi=120)
 
 
 def write_outputs(result: dict, out_dir: str, command: str, name: str = 'results') -> None:
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, f'{name}.json'), 'w') as f:
-    json.dump(dict(result, command=command), f, indent=1)
-  with open(os.path.join(out_dir, f'{name}.md'), 'w') as f:
-    f.write(to_markdown(result, command))
+  """NAME.md / NAME.json (the table) and NAME_variance_vs_gamma.png in out_dir."""
+  common.write_results(out_dir, dict(result, command=command), result_lines(result, command), name)
   plot_variance(result, os.path.join(out_dir, f'{name}_variance_vs_gamma.png'))
 
 

@@ -43,7 +43,7 @@ import numpy as np
 
 from tokjax import cli, config_defaults, evaluation, flops
 from tokjax.errors import Interrupted, UserError
-from tokjax.lab import compare
+from tokjax.lab import common
 from tokjax.metric_writers import read_metrics
 
 ONE_THREAD = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
@@ -85,7 +85,7 @@ def build_config(run: Run):
   """The run's config: configs/compare.py:METHOD with its corpus, seed, seq_len, lr and budget."""
 
   def variant(method):
-    c = compare.variant_config(method, run.corpus, tiny=run.tiny, seed=run.seed)
+    c = common.compare_config(method, run.corpus, tiny=run.tiny, seed=run.seed)
     c.data.seq_len = run.seq_len
     # Room for twice the target rate's chunks, as the default config has at L = 256.
     c.model.capacity = max(c.model.capacity, int(math.ceil(run.seq_len * 0.5)))
@@ -94,9 +94,9 @@ def build_config(run: Run):
 
   c = variant(run.method)
   if run.method == 'flat':
-    c.model.num_layers = compare.match_flat_layers(c, compare.param_count(variant('policy')))
+    c.model.num_layers = common.match_flat_layers(c, common.param_count(variant('policy')))
   steps = steps_of(run, c.data.batch_size)
-  compare.schedule(c, steps, evals=4)
+  common.schedule(c, steps, evals=4)
   c.train.checkpoint_every = max(1, min(steps, 200))  # A killed run loses at most 200 steps.
   for item in run.overrides:
     field, value = item.split('=', 1)
@@ -118,7 +118,7 @@ def _set_field(config, field: str, value: str) -> None:
 
 
 def steps_of(run: Run, batch_size: int) -> int:
-  return compare.steps_for(run.budget, batch_size, run.seq_len)
+  return common.steps_for(run.budget, batch_size, run.seq_len)
 
 
 # -- one run (in its own process) ------------------------------------------------------------------
@@ -163,14 +163,14 @@ def work(run_dir: str) -> dict:
     result.pop('test', None)
   for split in ('val', 'test'):
     if split not in result:
-      result[split] = _score(ckpt, splits[split], key, scoring.unit_bytes)
+      result[split] = common.evaluate_documents(ckpt, splits[split], key, scoring.unit_bytes)
   for corpus in scoring.cross:
     if corpus not in result['cross'] and corpus != run.corpus:
       docs = _splits(config, corpus)['test']
-      result['cross'][corpus] = _score(ckpt, docs, key, scoring.unit_bytes)
+      result['cross'][corpus] = common.evaluate_documents(ckpt, docs, key, scoring.unit_bytes)
   result.update(_training_summary(config, run_dir))
   result['params'] = int(ckpt.trainer.num_params)
-  _write_json(result_path, result)
+  common.write_json(result_path, result, indent=None)
   return result
 
 
@@ -188,17 +188,11 @@ def _eval_key():
   return jax.random.PRNGKey(1234)  # The same boundary key for every method and run.
 
 
-def _score(ckpt, docs, key, unit_bytes: int) -> dict:
-  """Evaluator statistics of docs with sampled boundaries, per unit of unit_bytes bytes."""
-  return ckpt.evaluator.run(ckpt.params, docs, key, modes=('sample',), unit_bytes=unit_bytes)[
-      'sample'
-  ]
-
-
 def write_spec(run_dir: str, run: Run, scoring: Scoring) -> None:
-  _write_json(
+  common.write_json(
       os.path.join(run_dir, 'spec.json'),
       {'run': dataclasses.asdict(run), 'scoring': dataclasses.asdict(scoring)},
+      indent=None,
   )
 
 
@@ -220,15 +214,8 @@ def _training_summary(config, run_dir) -> dict:
       'train_bytes': steps * config.data.batch_size * config.data.seq_len,
       'train_rate': rate,
       'train_flops': flops.step_flops(config, rate) * steps,
-      'train_bytes_per_s': compare.median_bytes_per_s(rows),
+      'train_bytes_per_s': common.median_bytes_per_s(rows),
   }
-
-
-def _write_json(path, obj) -> None:
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(obj, f)
-  os.replace(tmp, path)  # A reader never sees half a file, whenever the process dies.
 
 
 # -- the scheduler ---------------------------------------------------------------------------------
@@ -469,7 +456,7 @@ def _rate_cell(rate, meta) -> str:
 
 def write_outputs(out_dir, rows, meta) -> None:
   """results.json, results.md and ladder.png."""
-  _write_json(os.path.join(out_dir, 'results.json'), {'meta': meta, 'rows': rows})
+  fmt = common.fmt
   ref = meta['reference']
   lines = [
       f'# Budget ladder on `{meta["corpus"]}`',
@@ -489,60 +476,56 @@ def write_outputs(out_dir, rows, meta) -> None:
       f'("(off)": more than {RATE_TOLERANCE} from the target {meta["target_rate"]}); '
       'train rate is the mean over logged training steps; FLOPs are training FLOPs at that rate.',
       '',
-      '| budget B | L | method | lr | seeds | test bpb +- s.e. | paired vs ref +- s.e. | seed s.e. | '
-      'better | rate | train rate | ws recall | ws prec | train FLOPs |',
-      '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+      *common.table(
+          'budget B | L | method | lr | seeds | test bpb +- s.e. | paired vs ref +- s.e. | '
+          'seed s.e. | better | rate | train rate | ws recall | ws prec | train FLOPs',
+          (
+              f'{r["budget"]:.3g} | {r["seq_len"]} | {r["method"]} | {r["lr"]:g} | '
+              f'{len(r["seeds"])} | {fmt(r["test_bpb"], 3)} +- {fmt(r["test_bpb_se"], 3)} | '
+              + (
+                  f'{p["diff"]:+.4f} +- {p["se"]:.4f} | {fmt(p["seed_se"], 4)} | '
+                  f'{p["a_better"]:.2f} | '
+                  if p
+                  else '(ref) | - | - | '
+              )
+              + f'{_rate_cell(r["rate"], meta)} | {fmt(r["train_rate"], 3)} | '
+              f'{fmt(r["whitespace_recall"], 3)} | {fmt(r["whitespace_precision"], 3)} | '
+              f'{r["train_flops"]:.3g}'
+              for r, p in ((r, r.get('paired')) for r in rows)
+          ),
+      ),
   ]
-  for r in rows:
-    p = r.get('paired')
-    lines.append(
-        f'| {r["budget"]:.3g} | {r["seq_len"]} | {r["method"]} | {r["lr"]:g} | {len(r["seeds"])} | '
-        f'{compare.fmt(r["test_bpb"], 3)} +- {compare.fmt(r["test_bpb_se"], 3)} | '
-        + (
-            f'{p["diff"]:+.4f} +- {p["se"]:.4f} | {compare.fmt(p["seed_se"], 4)} | {p["a_better"]:.2f} | '
-            if p
-            else '(ref) | - | - | '
-        )
-        + f'{_rate_cell(r["rate"], meta)} | {compare.fmt(r["train_rate"], 3)} | '
-        f'{compare.fmt(r["whitespace_recall"], 3)} | '
-        f'{compare.fmt(r["whitespace_precision"], 3)} | {r["train_flops"]:.3g} |'
-    )
   cross = sorted({c for r in rows for c in r.get('cross_bpb', {})})
   if cross:
+
+    def paired(r, c):
+      p = r.get('cross_paired', {}).get(c)
+      return f'{p["diff"]:+.4f} +- {p["se"]:.4f}' if p else '(ref)'
+
     lines += [
         '',
         '## Out of domain',
         '',
         'The same checkpoints scored on the test split of other corpora (paired vs the reference).',
         '',
-        '| budget B | L | method | ' + ' | '.join(f'{c} bpb | paired' for c in cross) + ' |',
-        '|---|---|---|' + '---|---|' * len(cross),
+        *common.table(
+            'budget B | L | method | ' + ' | '.join(f'{c} bpb | paired' for c in cross),
+            (
+                f'{r["budget"]:.3g} | {r["seq_len"]} | {r["method"]} | '
+                + ' | '.join(f'{fmt(r["cross_bpb"].get(c), 3)} | {paired(r, c)}' for c in cross)
+                for r in rows
+                if r.get('cross_bpb')
+            ),
+        ),
     ]
-    for r in rows:
-      if not r.get('cross_bpb'):
-        continue
-      cells = []
-      for c in cross:
-        p = r.get('cross_paired', {}).get(c)
-        cells += [
-            compare.fmt(r['cross_bpb'].get(c), 3),
-            f'{p["diff"]:+.4f} +- {p["se"]:.4f}' if p else '(ref)',
-        ]
-      lines.append(
-          f'| {r["budget"]:.3g} | {r["seq_len"]} | {r["method"]} | ' + ' | '.join(cells) + ' |'
-      )
-  with open(os.path.join(out_dir, 'results.md'), 'w') as f:
-    f.write('\n'.join(lines) + '\n')
+  common.write_results(out_dir, {'meta': meta, 'rows': rows}, lines)
   _plot(out_dir, rows, meta)
 
 
 def _plot(out_dir, rows, meta) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
   import matplotlib.ticker  # pylint: disable=g-import-not-at-top
 
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
+  plt = common.pyplot()
   fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
   methods = sorted({r['method'] for r in rows}, key=lambda m: (m != meta['reference'], m))
   seq_lens = sorted({r['seq_len'] for r in rows})
@@ -606,9 +589,7 @@ def _plot(out_dir, rows, meta) -> None:
   axes[0].set_ylabel('bits per byte')
   axes[0].legend(fontsize=7)
   fig.suptitle(f'budget ladder, {meta["corpus"]}')
-  fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, 'ladder.png'), dpi=110)
-  plt.close(fig)
+  common.save_figure(fig, os.path.join(out_dir, 'ladder.png'))
 
 
 def _is_best_lr(row, rows) -> bool:
@@ -654,7 +635,7 @@ def main(argv):
     work(f.worker)
     return
 
-  known = compare.method_names()
+  known = common.method_names()
   bad = [m for m in f.methods if m not in known]
   if bad or not f.methods:
     raise UserError(f'unknown method(s) {bad}; --methods takes some of {",".join(known)}.')
@@ -669,7 +650,7 @@ def main(argv):
     raise UserError('--budgets must be positive numbers of training bytes, e.g. --budgets 1e6,4e6.')
   if f.jobs < 1:
     raise UserError(f'--jobs={f.jobs} must be at least 1.')
-  default_lr = compare.variant_config('policy', f.corpus, tiny=f.tiny).optim.lr
+  default_lr = common.compare_config('policy', f.corpus, tiny=f.tiny).optim.lr
   lrs = {m: lrs_grid or [default_lr] for m in f.methods}
   if f.lr_table:
     with open(f.lr_table) as fh:
@@ -681,7 +662,7 @@ def main(argv):
     for item in items:
       if '=' not in item:
         raise UserError(f'override {item!r} of {m} must be FIELD=VALUE, e.g. train.log_every=10.')
-  base = compare.variant_config('policy', f.corpus, tiny=f.tiny)
+  base = common.compare_config('policy', f.corpus, tiny=f.tiny)
   seq_lens = [int(x) for x in f.seq_lens] or [base.data.seq_len]
   seeds = [int(s) for s in f.seeds]
   runs = plan(f.corpus, budgets, f.methods, seeds, seq_lens, lrs, overrides, f.tiny)
@@ -712,7 +693,7 @@ def main(argv):
     rows = summarize(results, f.reference)
     write_outputs(f.out, rows, meta)
     if len(lrs_grid) > 1:
-      _write_json(os.path.join(f.out, 'lr.json'), best_lrs(rows))
+      common.write_json(os.path.join(f.out, 'lr.json'), best_lrs(rows), indent=None)
     print(f'wrote {f.out}/results.md, results.json, ladder.png ({len(results)}/{len(runs)} runs)')
   if failures:
     raise UserError(

@@ -19,7 +19,6 @@ boundaries on test (`level_stats`). OUT gets:
   results.json   everything in the tables, per run
 """
 
-import json
 import os
 import sys
 
@@ -30,7 +29,7 @@ import numpy as np
 from tokjax import checkpointing, cli, config_defaults, evaluation, flops, losses, segmentation
 from tokjax.data import pipeline
 from tokjax.errors import UserError
-from tokjax.lab import compare
+from tokjax.lab import common
 from tokjax.models import hierarchical
 
 # run -> (configs/FILE.py, its variant or None, boundary methods per stage as shown in the tables).
@@ -193,38 +192,29 @@ def passage_levels(ckpt, text: bytes, key, modes=PASSAGE_MODES) -> tuple[bytes, 
 
 def run_one(run, config, out_dir, splits, key, eval_cap, passage) -> dict:
   """Trains (unless OUT/RUN/result.json exists) and evaluates one run -> its result dict."""
-  path = os.path.join(out_dir, run, 'result.json')
-  r = compare.run_method(run, config, out_dir)
-  if not os.path.exists(path):  # Saved before evaluating: a failed evaluation does not retrain.
-    with open(path, 'w') as f:
-      json.dump(r, f)
+  workdir = os.path.join(out_dir, run)
+  r = common.train_or_load(run, config, out_dir)
   if 'levels' not in r:
-    config.train.workdir = os.path.join(out_dir, run)
-    r = compare.evaluate_method(run, config, r, splits, key, eval_cap, passage)
-    ckpt = checkpointing.load_checkpoint(config.train.workdir)
-    test = compare.capped(splits['test'], *eval_cap)
+    r = common.evaluate_splits(workdir, r, splits, key, eval_cap, passage)
+    ckpt = checkpointing.load_checkpoint(workdir)
+    test = common.capped(splits['test'], *eval_cap)
     r['levels'] = level_stats(ckpt, test, jax.random.fold_in(key, 1))
-    with open(path, 'w') as f:
-      json.dump(r, f)
+    common.save_result(out_dir, run, r)
   drawn = r['passage'].get('levels')
   if not isinstance(drawn, dict) or set(drawn) != set(PASSAGE_MODES):
-    shown, levels = passage_levels(
-        checkpointing.load_checkpoint(os.path.join(out_dir, run)), passage, key
-    )
+    shown, levels = passage_levels(checkpointing.load_checkpoint(workdir), passage, key)
     r['passage']['levels'] = {m: [[float(a) for a in x] for x in v] for m, v in levels.items()}
     r['passage']['rendered_levels'] = {m: segmentation.render(shown, v) for m, v in levels.items()}
-    with open(path, 'w') as f:
-      json.dump(r, f)
+    common.save_result(out_dir, run, r)
   return r
 
 
 def fmt(x, digits=3):
-  return compare.fmt(x, digits)
+  return common.fmt(x, digits)
 
 
 def write_outputs(out_dir, results, meta) -> None:
-  with open(os.path.join(out_dir, 'results.json'), 'w') as f:
-    json.dump({'meta': meta, 'runs': results}, f, indent=1)
+  """README.md (the tables and passages) and results.json."""
   first = results[0]
   lines = [
       f'# One stage vs two stages of boundaries at equal training FLOPs (`{meta["corpus"]}`)',
@@ -241,18 +231,18 @@ def write_outputs(out_dir, results, meta) -> None:
       f'{meta["eval_docs"] or "all"} documents, first {meta["eval_doc_bytes"] or "all"} bytes of '
       'each). Wall: on the machine and cores the command ran on, shared with other jobs.',
       '',
-      '| run | stages | params | steps | planned TFLOPs | realised TFLOPs | val bpb +- s.e. | '
-      'test bpb +- s.e. | wall s |',
-      '|---|---|---|---|---|---|---|---|---|',
+      *common.table(
+          'run | stages | params | steps | planned TFLOPs | realised TFLOPs | val bpb +- s.e. | '
+          'test bpb +- s.e. | wall s',
+          (
+              f'{r["run"]} | {r["stages"]} | {r["params"]:,} | {r["steps"]} | '
+              f'{r["planned_flops"] / 1e12:.4g} | {r["realised_flops"] / 1e12:.4g} | '
+              f'{fmt(v["bpb"], 4)} +- {fmt(v["bpb_se"], 4)} | {fmt(t["bpb"], 4)} +- '
+              f'{fmt(t["bpb_se"], 4)} | {r["wall_s"]:.0f}'
+              for r, v, t in ((r, r['val'], r['test']) for r in results)
+          ),
+      ),
   ]
-  for r in results:
-    t, v = r['test'], r['val']
-    lines.append(
-        f'| {r["run"]} | {r["stages"]} | {r["params"]:,} | {r["steps"]} | '
-        f'{r["planned_flops"] / 1e12:.4g} | {r["realised_flops"] / 1e12:.4g} | '
-        f'{fmt(v["bpb"], 4)} +- {fmt(v["bpb_se"], 4)} | {fmt(t["bpb"], 4)} +- {fmt(t["bpb_se"], 4)} | '
-        f'{r["wall_s"]:.0f} |'
-    )
   base = first['levels'][0]
   lines += [
       '',
@@ -273,18 +263,19 @@ def write_outputs(out_dir, results, meta) -> None:
       'level-1 chunk can only end where a level-0 chunk ends, so that is what picking level-0 ends '
       'at random scores).',
       '',
-      '| run | level | rate | bytes/chunk | ws prec | ws rec | line prec | line rec | phrase prec | '
-      'phrase rec |',
-      '|---|---|---|---|---|---|---|---|---|---|',
+      *common.table(
+          'run | level | rate | bytes/chunk | ws prec | ws rec | line prec | line rec | phrase prec | '
+          'phrase rec',
+          (
+              f'{r["run"]} | {s} | {fmt(m["rate"])} | {fmt(m["bytes_per_chunk"], 2)} | '
+              f'{fmt(m["whitespace_precision"])} | {fmt(m["whitespace_recall"])} | '
+              f'{fmt(m["line_precision"])} | {fmt(m["line_recall"])} | '
+              f'{fmt(m["phrase_precision"])} | {fmt(m["phrase_recall"])}'
+              for r in results
+              for s, m in enumerate(r['levels'])
+          ),
+      ),
   ]
-  for r in results:
-    for s, m in enumerate(r['levels']):
-      lines.append(
-          f'| {r["run"]} | {s} | {fmt(m["rate"])} | {fmt(m["bytes_per_chunk"], 2)} | '
-          f'{fmt(m["whitespace_precision"])} | {fmt(m["whitespace_recall"])} | '
-          f'{fmt(m["line_precision"])} | {fmt(m["line_recall"])} | '
-          f'{fmt(m["phrase_precision"])} | {fmt(m["phrase_recall"])} |'
-      )
   lines += [
       '',
       '## One held-out passage per run',
@@ -297,8 +288,7 @@ def write_outputs(out_dir, results, meta) -> None:
     lines += [f'### {r["run"]} ({r["stages"]})', '']
     for mode in PASSAGE_MODES:
       lines += [f'{mode}:', '', '```', r['passage']['rendered_levels'][mode], '```', '']
-  with open(os.path.join(out_dir, 'README.md'), 'w') as f:
-    f.write('\n'.join(lines))
+  common.write_results(out_dir, {'meta': meta, 'runs': results}, lines, markdown='README.md')
 
 
 def multistage(
@@ -323,10 +313,10 @@ def multistage(
   configs = {r: run_config(r, corpus, tiny, seed, batch) for r in dict.fromkeys((BASE, *runs))}
   steps = equal_flops_steps(configs, base_steps)
   for r, c in configs.items():
-    compare.schedule(c, steps[r], evals)
+    common.schedule(c, steps[r], evals)
   base = configs[BASE]
   splits = pipeline.load_splits(base.data, corpus)
-  passage = compare.paragraph(splits['test'], base.data.seq_len - 1)
+  passage = common.paragraph(splits['test'], base.data.seq_len - 1)
   key = jax.random.PRNGKey(1234)
   results = []
   for run in runs:

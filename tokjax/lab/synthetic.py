@@ -46,9 +46,15 @@ from tokjax import checkpointing, cli, config_defaults, evaluation
 from tokjax import train as train_lib
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
+from tokjax.lab import common
 from tokjax.losses import cross_entropy
 
-RUNS = tuple(config_defaults.load_module('synthetic_cpu').VARIANTS)  # Its runs: configs' variants.
+
+def run_names() -> tuple[str, ...]:
+  """The runs: the variants of configs/synthetic_cpu.py."""
+  return tuple(config_defaults.load_module('synthetic_cpu').VARIANTS)
+
+
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
   _STEPS = flags.DEFINE_integer('steps', 800, 'Training steps of each run.')
   _OUT = flags.DEFINE_string(
@@ -67,7 +73,7 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
       'eval_docs', 128, 'Held-out documents scored at every checkpoint.'
   )
   _RUNS = flags.DEFINE_list(
-      'runs', ','.join(RUNS), 'Runs to train, some of ' + ','.join(RUNS) + '.'
+      'runs', ','.join(run_names()), 'Runs to train, some of ' + ','.join(run_names()) + '.'
   )
   _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the corpus and the runs.')
   _LEXICON = flags.DEFINE_integer(
@@ -277,8 +283,8 @@ def evaluate_params(fns, params, arrays, key) -> dict:
 
 def variant_config(name: str, corpus: str, workdir: str, steps: int, eval_every: int, seed: int):
   """configs/synthetic_cpu.py:NAME with the command's corpus, seed, schedule and run folder."""
-  if name not in RUNS:
-    raise UserError(f'unknown run {name!r}; use some of {",".join(RUNS)}.')
+  if name not in run_names():
+    raise UserError(f'unknown run {name!r}; use some of {",".join(run_names())}.')
   c = config_defaults.load('synthetic_cpu', name)
   c.data.corpus = corpus
   c.seed = seed
@@ -306,30 +312,12 @@ def evaluate_run(config, arrays, seed: int) -> list[dict]:
   return rows
 
 
-def _finished_step(config):
-  """The latest checkpoint step of the run's workdir, or None."""
-  if not os.path.isdir(os.path.join(config.train.workdir, 'checkpoints')):
-    return None
-  return checkpointing.manager(config.train.workdir, create=False).latest_step()
-
-
 def _spec_dict(spec: CorpusSpec) -> dict:
   return dict(dataclasses.asdict(spec), terminator=spec.terminator.decode())
 
 
 def write_results(out: str, command: str, spec: CorpusSpec, curves: dict, seconds: dict) -> None:
   """results.json and results.md (a table per run: F1 vs steps)."""
-  with open(os.path.join(out, 'results.json'), 'w') as f:
-    json.dump(
-        {
-            'command': command,
-            'corpus': _spec_dict(spec),
-            'train_seconds': seconds,
-            'curves': curves,
-        },
-        f,
-        indent=1,
-    )
   lines = [
       '# Synthetic learning check: learned boundaries vs planted word ends',
       '',
@@ -362,16 +350,19 @@ def write_results(out: str, command: str, spec: CorpusSpec, curves: dict, second
     lines += [
         f'## {name} (trained in {seconds.get(name, float("nan")):.0f} s)',
         '',
-        '| ' + ' | '.join(cols) + ' |',
-        '|' + '---|' * len(cols),
+        *common.table(
+            ' | '.join(cols),
+            (' | '.join([str(r['step'])] + [f'{r[c]:.3f}' for c in cols[1:]]) for r in rows),
+        ),
+        '',
     ]
-    for r in rows:
-      lines.append(
-          '| ' + ' | '.join(str(r['step']) if c == 'step' else f'{r[c]:.3f}' for c in cols) + ' |'
-      )
-    lines.append('')
-  with open(os.path.join(out, 'results.md'), 'w') as f:
-    f.write('\n'.join(lines))
+  data = {
+      'command': command,
+      'corpus': _spec_dict(spec),
+      'train_seconds': seconds,
+      'curves': curves,
+  }
+  common.write_results(out, data, lines)
 
 
 def main(argv):
@@ -399,7 +390,9 @@ def main(argv):
     curves, seconds = old['curves'], old['train_seconds']
   for name in _RUNS.value:
     config = variant_config(name, corpus, workdir, steps, every, _SEED.value)
-    if _finished_step(config) == steps:  # A finished run of the same length is reused.
+    if (
+        common.finished_step(config.train.workdir) == steps
+    ):  # A finished run of the same length is reused.
       print(f'{name}: reusing the finished run in {config.train.workdir}', flush=True)
     else:
       t0 = time.time()

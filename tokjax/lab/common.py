@@ -1,0 +1,220 @@
+"""What every experiment of the lab does: train or load a run, evaluate it, write its results.
+
+An experiment trains each of its runs with `tokjax.train.train` in its own folder (`train_or_load`,
+reused when its result.json exists), scores the last checkpoint on documents through the library's
+one evaluator (`evaluate_documents`, `evaluate_splits`), and writes one results table as markdown
+and JSON (`write_results`, cells from `fmt`, rows from `table`) beside its plot (`pyplot`,
+`save_figure`). The configs of configs/compare.py (`method_names`, `compare_config`) and the budget
+arithmetic (`steps_for`, `schedule`) are shared by the experiments that train those methods.
+"""
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import time
+
+import jax
+import numpy as np
+
+from tokjax import checkpointing, config_defaults, models, segmentation
+from tokjax import train as train_lib
+from tokjax.metric_writers import read_metrics
+
+# -- configs and budgets ---------------------------------------------------------------------------
+
+
+def method_names() -> tuple[str, ...]:
+  """The variants of configs/compare.py: every registered boundary method, then 'flat'."""
+  return tuple(config_defaults.load_module('compare').VARIANTS)
+
+
+def compare_config(method: str, corpus: str, tiny: bool, seed: int = 0):
+  """configs/compare.py:METHOD[,tiny] with the command's corpus and seed (before budget and
+  workdir)."""
+  c = config_defaults.load('compare', f'{method},tiny' if tiny else method)
+  c.data.corpus = corpus
+  c.seed = seed
+  return c
+
+
+def param_count(config) -> int:
+  """Parameters of the model `config` builds (shapes only: nothing is initialised)."""
+  model = models.build_model(config)
+  shapes = jax.eval_shape(
+      lambda k: model.init(k, *models.init_args(config, 1, config.data.seq_len)),
+      jax.random.PRNGKey(0),
+  )
+  return sum(x.size for x in jax.tree.leaves(shapes['params']))
+
+
+def match_flat_layers(flat_config, target: int) -> int:
+  """The flat layer count (1..16) whose parameter count is closest to `target`."""
+
+  def count(n):
+    flat_config.model.num_layers = n
+    return param_count(flat_config)
+
+  return min(range(1, 17), key=lambda n: abs(count(n) - target))
+
+
+def steps_for(budget: float, batch_size: int, seq_len: int) -> int:
+  """Training steps that spend a byte budget at batch_size x seq_len bytes per step (at least 1)."""
+  return max(1, round(budget / (batch_size * seq_len)))
+
+
+def schedule(config, steps: int, evals: int) -> None:
+  """Sets a run of `steps` steps in place: `evals` val evaluations, about 8 log lines, one
+  checkpoint at the end; then validates the config."""
+  config.train.steps = steps
+  config.train.eval_every = max(1, steps // max(evals, 1))
+  config.train.log_every = max(1, min(25, steps // 8))
+  config.train.checkpoint_every = steps
+  config_defaults.validate(config)
+
+
+def median_bytes_per_s(rows) -> float:
+  """Median training bytes/s over a run's logged intervals (metrics.jsonl rows). The first interval
+  includes compilation: it is left out when there is more than one; 0 when none was logged."""
+  speeds = [r['bytes_per_s'] for r in rows if r['split'] == 'train' and 'bytes_per_s' in r]
+  return float(np.median(speeds[1:] if len(speeds) > 1 else speeds)) if speeds else 0.0
+
+
+# -- training and evaluation -----------------------------------------------------------------------
+
+
+def train_or_load(name: str, config, out_dir: str) -> dict:
+  """Trains config in OUT/NAME (console to OUT/NAME/train.log) and writes OUT/NAME/result.json;
+  when that file exists already, returns it and trains nothing.
+
+  The result: name ('method'), median training bytes/s, wall seconds, the trainer's final val bpb
+  (sampled and greedy boundaries) and the log's path. Evaluations added later go in the same file
+  (`save_result`).
+  """
+  workdir = os.path.join(out_dir, name)
+  result_path = os.path.join(workdir, 'result.json')
+  if os.path.exists(result_path):
+    with open(result_path) as f:
+      return json.load(f)
+  if os.path.isdir(workdir):
+    shutil.rmtree(workdir)  # An unfinished earlier run of this command.
+  os.makedirs(workdir)
+  config.train.workdir = workdir
+  log = os.path.join(workdir, 'train.log')
+  t0 = time.time()
+  with open(log, 'w') as f, contextlib.redirect_stdout(f):
+    val = train_lib.train(config)
+  wall = time.time() - t0
+  result = {
+      'method': name,
+      'train_bytes_per_s': median_bytes_per_s(read_metrics(os.path.join(workdir, 'metrics.jsonl'))),
+      'wall_s': wall,
+      'final_val_sample_bpb': val.get('bpb'),
+      'greedy_val_bpb': val.get('greedy_bpb'),
+      'log': log,
+  }
+  save_result(out_dir, name, result)  # Before any evaluation: a failed one does not retrain.
+  return result
+
+
+def save_result(out_dir: str, name: str, result: dict) -> None:
+  write_json(os.path.join(out_dir, name, 'result.json'), result, indent=None)
+
+
+def capped(docs, max_docs: int, doc_bytes: int):
+  """The first max_docs documents (0: all), each cut to its first doc_bytes bytes (0: whole)."""
+  docs = docs[:max_docs] if max_docs else docs
+  return [d[:doc_bytes] for d in docs] if doc_bytes else list(docs)
+
+
+def evaluate_documents(ckpt, docs, key, unit_bytes: int | None = None) -> dict:
+  """`tokjax.evaluation` statistics of docs with sampled boundaries (as in training): bpb pooled
+  over bytes with its ratio-estimator standard error over documents (or over units of unit_bytes
+  bytes of each document, with their per-unit CE for paired differences), and the boundary
+  statistics."""
+  kwargs = {} if unit_bytes is None else {'unit_bytes': unit_bytes}
+  return ckpt.evaluator.run(ckpt.params, docs, key, modes=('sample',), **kwargs)['sample']
+
+
+def paragraph(docs, length: int) -> bytes:
+  """A held-out passage: `length` bytes of the first test document, starting at a line start."""
+  doc = docs[0]
+  start = doc.find(b'\n', min(len(doc) // 3, 2000)) + 1
+  return doc[start : start + length] if len(doc) - start >= length // 2 else doc[:length]
+
+
+def evaluate_splits(workdir: str, result: dict, splits, key, eval_cap, passage) -> dict:
+  """Adds to result the run's per-document val/test numbers (split i with fold_in(key, i)), its
+  parameter count and, for a chunking model, stage 0's greedy boundaries on the passage."""
+  ckpt = checkpointing.load_checkpoint(workdir)
+  for i, split in enumerate(('val', 'test')):
+    result[split] = evaluate_documents(
+        ckpt, capped(splits[split], *eval_cap), jax.random.fold_in(key, i)
+    )
+  if ckpt.config.model.kind == 'hierarchical':
+    shown, actions, probs = segmentation.boundaries_for(
+        ckpt.model, ckpt.params, passage, ckpt.config.data.seq_len, key, 'greedy'
+    )
+    result['passage'] = {  # Stage 0's boundaries; the rendering shows every level.
+        'actions': [float(a) for a in actions[0]],
+        'probs': [float(p) for p in probs[0]],
+        'rendered': segmentation.render(shown, actions),
+    }
+  result['params'] = int(ckpt.trainer.num_params)
+  return result
+
+
+def finished_step(workdir: str) -> int | None:
+  """The latest checkpoint step of a run folder, or None when it has none."""
+  if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
+    return None
+  return checkpointing.manager(workdir, create=False).latest_step()
+
+
+# -- results ---------------------------------------------------------------------------------------
+
+
+def fmt(x, digits: int = 4) -> str:
+  """A table cell: x with `digits` decimals, '-' for a missing or NaN value."""
+  return '-' if x is None or (isinstance(x, float) and math.isnan(x)) else f'{x:.{digits}f}'
+
+
+def table(header: str, rows) -> list[str]:
+  """Markdown lines of a table: the header, its rule, one line per row. header and each row: the
+  (formatted) cells joined by ' | '."""
+  return [f'| {header} |', '|' + '---|' * (header.count(' | ') + 1), *(f'| {r} |' for r in rows)]
+
+
+def write_json(path: str, obj, indent: int | None = 1) -> None:
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(obj, f, indent=indent)
+  os.replace(tmp, path)  # A reader never sees half a file, whenever the process dies.
+
+
+def write_results(
+    out_dir: str, data: dict, lines, stem: str = 'results', markdown: str = ''
+) -> None:
+  """OUT/STEM.json (data) and the markdown page of `lines` (OUT/STEM.md, or OUT/MARKDOWN)."""
+  os.makedirs(out_dir, exist_ok=True)
+  write_json(os.path.join(out_dir, stem + '.json'), data)
+  text = '\n'.join(lines)
+  with open(os.path.join(out_dir, markdown or stem + '.md'), 'w') as f:
+    f.write(text if text.endswith('\n') else text + '\n')
+
+
+def pyplot():
+  """matplotlib.pyplot drawing to files only (no display needed)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  return plt
+
+
+def save_figure(fig, path: str, dpi: int = 110) -> None:
+  fig.tight_layout()
+  fig.savefig(path, dpi=dpi)
+  pyplot().close(fig)
