@@ -56,6 +56,14 @@ def test_a_run_that_differs_is_reported(tmp_path):
   assert os.path.isdir(tmp_path / 'chaos' / 'checkpoints')  # Kept for a look.
 
 
+def test_a_finished_run_reports_its_status(tiny_run):
+  """The file chaos times its kills by: a finished run names its last step and checkpoint."""
+  with open(os.path.join(tiny_run, 'status.json')) as f:
+    status = json.load(f)
+  # The session fixture trains in this process; its config saves at the last of its 6 steps.
+  assert status == {'state': 'finished', 'step': 6, 'checkpoint_step': 6, 'pid': os.getpid()}
+
+
 def test_metrics_differences_are_found(tiny_run):
   rows = read_metrics(os.path.join(tiny_run, 'metrics.jsonl'))
   assert chaos.first_metrics_difference(rows, rows) is None

@@ -4,9 +4,10 @@ r"""Train a tokjax model from a config file.
       [--overwrite] [--verbosity=0]
 
 Writes into config.train.workdir (a local path or a URL such as gs://bucket/run when its filesystem
-package, e.g. gcsfs, is installed): metrics.jsonl, TensorBoard events (tensorboard/), orbax checkpoints
-(checkpoints/), curves.png, and at the end prints val bits-per-byte beside the gzip -9 / xz -9 figures
-of the same split and, for a hierarchical model, the learned segmentation of held-out text.
+package, e.g. gcsfs, is installed): metrics.jsonl, status.json (`write_status`), TensorBoard events
+(tensorboard/), orbax checkpoints (checkpoints/), curves.png, and at the end prints val bits-per-byte
+beside the gzip -9 / xz -9 figures of the same split and, for a hierarchical model, the learned
+segmentation of held-out text.
 
 --resume continues from the latest checkpoint that loads (a damaged one is reported and skipped;
 --step=N demands step N); the metrics logged after that step are dropped and logged again. SIGTERM or
@@ -14,6 +15,7 @@ SIGINT (Ctrl-C) finishes the current step, saves a checkpoint and exits with 128
 printing how to resume; a second signal exits at once. Third-party INFO logs show with --verbosity=0.
 """
 
+import json
 import os
 import shlex
 import signal
@@ -55,7 +57,26 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
       'overwrite', False, "Delete the workdir's metrics and checkpoints and train from scratch."
   )
 
-RUN_FILES = ('metrics.jsonl', 'tensorboard', 'checkpoints', 'curves.png')
+RUN_FILES = ('metrics.jsonl', 'status.json', 'tensorboard', 'checkpoints', 'curves.png')
+
+
+def write_status(workdir: str, state: str, step: int, checkpoint_step: int | None) -> None:
+  """workdir/status.json := how the run stands, for tools that watch it (tokjax.lab.chaos) rather
+  than read its console: state ('running' from the first step's compilation on, 'finished',
+  'stopped'), the last step done, the last checkpoint step (None before the first) and the pid of
+  the process. Replaced atomically: a reader never sees half a file."""
+  if jax.process_index() != 0:
+    return
+  path = paths.join(workdir, 'status.json')
+  text = json.dumps(
+      {'state': state, 'step': step, 'checkpoint_step': checkpoint_step, 'pid': os.getpid()}
+  )
+  if not paths.is_local(workdir):
+    path.write_text(text)  # One object upload: atomic on cloud storage.
+    return
+  tmp = path.with_name(path.name + '.tmp')
+  tmp.write_text(text)
+  os.replace(tmp, path)
 
 
 def prepare_workdir(workdir: str, resume: bool, overwrite: bool = False) -> None:
@@ -331,6 +352,8 @@ def train(config, resume: bool = False, step: int | None = None, overwrite: bool
     return finished(config, start)
   report = Reporter(config, trainer, data, start, restored)
   report.header(mesh)
+  saved = start if restored else None
+  write_status(config.train.workdir, 'running', start, saved)
   evaluator, val, bad_at_start = evaluation.Evaluator(trainer), {}, int(state.nonfinite)
   every = lambda done, n: done % n == 0 or done == total
   profiler = profiling.StepProfiler.from_config(config)  # Off unless config.train.profile_steps.
@@ -357,14 +380,18 @@ def train(config, resume: bool = False, step: int | None = None, overwrite: bool
       stop = signals.stop(done)
       if every(done, t.checkpoint_every) or stop:
         checkpointing.save(mgr, done, state, data.train_iter, config)
+        saved = done
+        write_status(config.train.workdir, 'running', done, saved)
       if stop and done < total:
         report.writer.close()
+        write_status(config.train.workdir, 'stopped', done, saved)
         raise Interrupted(
             f'stopped by {signal.Signals(signals.signum).name} after step {done}: checkpoint saved '
             f'in {mgr.directory}; resume with: {resume_command()}',
             signals.signum,
         )
   profiler.close()
+  write_status(config.train.workdir, 'finished', total, saved)
   report.finish(val, state.params, eval_key, str(mgr.directory))
   return val
 

@@ -9,11 +9,11 @@ step, time per checkpoint save) calibrates the kills. Then the same config train
 each of --kills launches gets a real SIGKILL at a moment of one of four kinds (each kind as often as
 the others, order and moments drawn with --seed):
 
-  compile       after the run prints its header line, within the time the latest launch took
-                from that line to its first step (the uninterrupted run's, at first), and at the
-                latest at its first progress line
-  mid_step      a random fraction of a step time after the progress line of a random step up to
-                the next checkpoint
+  compile       after the run reports itself running (status.json), within the time the latest
+                launch took from then to its first logged step (the uninterrupted run's, at first),
+                and at the latest at its first logged step
+  mid_step      a random fraction of a step time after a random step up to the next checkpoint is
+                logged (its train row in metrics.jsonl)
   during_save   while orbax writes the next checkpoint (in the first half of a typical save)
   after_save    a random fraction of a step time after the next checkpoint is complete
 
@@ -22,9 +22,10 @@ scratch in an emptied folder, as a user would). The last launch runs to the end.
 leaf of the final train state (parameters, optimizer state, step, counters) is bitwise equal to the
 uninterrupted run's, and metrics.jsonl holds each (step, split) once, in order, with equal values
 (wall-clock fields such as bytes_per_s excepted). Prints one line per kill and a verdict, writes
-DIR/chaos.json (every launch's events), and exits 1 at the first difference, described in one line.
-A temporary DIR is removed after a clean result. The default config logs every step and saves every
-5 of its 30 steps, so that kills land in every phase; a config of your own should do the same.
+DIR/chaos.json (every launch's events, read from the run's files: status.json, metrics.jsonl and
+the checkpoint folders, never its console), and exits 1 at the first difference, described in one
+line. A temporary DIR is removed after a clean result. The default config logs every step and saves
+every 5 of its 30 steps, so that kills land in every phase; a config of your own should do the same.
 """
 
 import dataclasses
@@ -40,7 +41,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 from absl import flags
@@ -76,7 +76,6 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
       'launch_timeout', 3600.0, 'Seconds one training launch may run before it counts as hung.'
   )
 
-_STEP_LINE = re.compile(r'^step\s+(\d+)/(\d+)')
 _TMP_STEP = re.compile(r'^(\d+)\.orbax-checkpoint-tmp')
 _ABSL_LOG = re.compile(r'^[IWEF]\d{4} ')  # absl's log lines, e.g. orbax's INFO lines.
 
@@ -87,8 +86,9 @@ class Launch:
 
   command: list[str]
   resumed_from: int | None  # Latest complete checkpoint step when it started (None: from scratch).
-  header: float | None = None  # The 'tokjax: ...' line: data loaded, model built, compile next.
-  steps: dict[int, float] = dataclasses.field(default_factory=dict)  # Progress lines.
+  # status.json first names this process as running: data loaded, model built, compile next.
+  started: float | None = None
+  steps: dict[int, float] = dataclasses.field(default_factory=dict)  # Train rows of metrics.jsonl.
   save_start: dict[int, float] = dataclasses.field(default_factory=dict)  # Temporary folder seen.
   save_done: dict[int, float] = dataclasses.field(default_factory=dict)  # Step folder seen.
   kind: str | None = None
@@ -106,8 +106,8 @@ class Launch:
 class Calibration:
   """Phase durations of the uninterrupted run, in seconds."""
 
-  compile_s: float  # Header line to the end of the first step.
-  step_s: float  # Median time between progress lines, per step.
+  compile_s: float  # The run's start (status.json) to its first logged step.
+  step_s: float  # Median time between logged steps, per step.
   save_s: float  # Median time a checkpoint's temporary folder lived.
 
 
@@ -133,12 +133,60 @@ def latest_step(workdir: str) -> int | None:
   return max(steps, default=None)
 
 
+def _status(workdir: str) -> dict | None:
+  """The run's status.json (see `tokjax.train.write_status`), or None before the first one."""
+  try:
+    with open(os.path.join(workdir, 'status.json')) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return None
+
+
+def _size_stamp(path: str) -> tuple[int, int, int] | None:
+  """(inode, size, mtime) of a file: a line appended within one mtime tick still changes it."""
+  try:
+    st = os.stat(path)
+  except FileNotFoundError:
+    return None
+  return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _train_steps(path: str, after: int) -> list[int]:
+  """Steps of the train rows of a metrics.jsonl after step `after` (a line still being written is
+  left for the next look)."""
+  try:
+    with open(path) as f:
+      text = f.read()
+  except FileNotFoundError:
+    return []
+  steps = []
+  for line in text.split('\n')[:-1]:
+    try:
+      row = json.loads(line)
+    except ValueError:
+      continue  # A row cut by a kill: not this launch's (a resume rewrites the log first).
+    if row.get('split') == 'train' and row['step'] > after:
+      steps.append(row['step'])
+  return steps
+
+
+def _last_line(log_path: str) -> str:
+  """The last line of a launch's output that is not an absl log line (the error, if it failed)."""
+  with open(log_path, errors='replace') as f:
+    lines = [line.strip() for line in f if line.strip() and not _ABSL_LOG.match(line)]
+  return lines[-1] if lines else ''
+
+
 def launch(command, workdir, log_path, trigger=None, timeout=3600.0) -> Launch:
   """Runs a training command, records its events, and SIGKILLs it once trigger(rec, now) says so.
 
+  The events come from the run's files, not its console: its start from status.json (once it names
+  this process), each logged step from the train rows of metrics.jsonl (which a resume has cut back
+  to its checkpoint by then), and the saves from orbax's folders under checkpoints/.
+
   Args:
     command: the tokjax.train command line.
-    workdir: its config.train.workdir (checkpoint folders are watched there).
+    workdir: its config.train.workdir (its files are watched there).
     log_path: where its stdout and stderr go.
     trigger: None (run to the end) or a function of (Launch, seconds since start) returning a
       description of the moment to kill at, or None to wait.
@@ -148,37 +196,24 @@ def launch(command, workdir, log_path, trigger=None, timeout=3600.0) -> Launch:
     The Launch record; returncode is -9 when it was killed.
   """
   ckpt = os.path.join(workdir, 'checkpoints')
+  metrics = os.path.join(workdir, 'metrics.jsonl')
   rec = Launch(command=list(command), resumed_from=latest_step(workdir))
   present = {n for n in _listdir(ckpt) if n.isdigit()}
   # Temporary folders of saves that an earlier kill cut, until deleted or written again.
   stale = {n: _stamp(ckpt, n) for n in _listdir(ckpt) if _TMP_STEP.match(n)}
+  seen = None  # `_size_stamp` of metrics.jsonl when last read.
   env = dict(os.environ, PYTHONUNBUFFERED='1')
   start = time.monotonic()
   with open(log_path, 'w') as log:
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors='replace',
-        env=env,
-    )
-
-    def read():
-      for line in proc.stdout:
-        now = time.monotonic() - start
-        log.write(line)
-        if line.startswith('tokjax:') and rec.header is None:
-          rec.header = now
-        elif m := _STEP_LINE.match(line):
-          rec.steps.setdefault(int(m.group(1)), now)
-        if line.strip() and not _ABSL_LOG.match(line):
-          rec.last_line = line.strip()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     while proc.poll() is None:
       now = time.monotonic() - start
+      if rec.started is None and (_status(workdir) or {}).get('pid') == proc.pid:
+        rec.started = now
+      if rec.started is not None and _size_stamp(metrics) != seen:
+        seen = _size_stamp(metrics)
+        for step in _train_steps(metrics, rec.resumed_from or 0):
+          rec.steps.setdefault(step, now)
       names = _listdir(ckpt)
       for name in names:
         if name in stale and _stamp(ckpt, name) != stale[name]:
@@ -206,24 +241,24 @@ def launch(command, workdir, log_path, trigger=None, timeout=3600.0) -> Launch:
         proc.wait()
         break
       time.sleep(0.002)
-    reader.join()
   rec.returncode, rec.wall = proc.returncode, time.monotonic() - start
+  rec.last_line = _last_line(log_path)
   return rec
 
 
 def calibrate(ref: Launch) -> Calibration:
-  if ref.header is None or not ref.steps:
+  if ref.started is None or not ref.steps:
     raise UserError(
-        'the uninterrupted run printed no header or progress lines to time the kills by; '
-        'log more often (--config.train.log_every=1).'
+        'the uninterrupted run reported no start (status.json) or no logged train steps '
+        '(metrics.jsonl) to time the kills by; log more often (--config.train.log_every=1).'
     )
   steps = sorted(ref.steps)
   per_step = [(ref.steps[b] - ref.steps[a]) / (b - a) for a, b in zip(steps, steps[1:])] or [
-      ref.steps[steps[0]] - ref.header
+      ref.steps[steps[0]] - ref.started
   ]
   saves = [ref.save_done[s] - t for s, t in ref.save_start.items() if s in ref.save_done]
   return Calibration(
-      compile_s=ref.steps[steps[0]] - ref.header,
+      compile_s=ref.steps[steps[0]] - ref.started,
       step_s=statistics.median(per_step),
       save_s=statistics.median(saves) if saves else 0.0,
   )
@@ -249,10 +284,10 @@ def make_trigger(kind, rng: random.Random, cal: Calibration, config, resumed: in
     delay = u * cal.compile_s
 
     def trigger(rec, now):
-      if rec.header is not None and now >= rec.header + delay:
-        return f'{delay:.2f}s after the header line ({u:.0%} of the expected compile time)'
+      if rec.started is not None and now >= rec.started + delay:
+        return f'{delay:.2f}s after the run started ({u:.0%} of the expected compile time)'
       if rec.steps:  # Compiled sooner than expected (a warm compilation cache): still no progress.
-        return f'at the first progress line (step {min(rec.steps)}), before the drawn {delay:.2f}s'
+        return f'at the first logged step ({min(rec.steps)}), before the drawn {delay:.2f}s'
 
   elif kind == 'mid_step':
     last = min(following, total - 1)
@@ -261,7 +296,7 @@ def make_trigger(kind, rng: random.Random, cal: Calibration, config, resumed: in
 
     def trigger(rec, now):
       if target in rec.steps and now >= rec.steps[target] + delay:
-        return f'{delay:.2f}s after the progress line of step {target} ({u:.0%} of a step)'
+        return f'{delay:.2f}s after step {target} was logged ({u:.0%} of a step)'
 
   elif kind == 'during_save':
     # Within the first half of a typical save, so that most of these kills find the save running.
@@ -386,7 +421,7 @@ def _describe(i: int, n: int, rec: Launch) -> str:
   saving = ', '.join(map(str, rec.saving_at_kill)) or 'none'
   return (
       f'kill {i}/{n} ({rec.kind}): launch {start}, SIGKILL at {rec.killed_at:.2f}s, '
-      f'{rec.kill_note}; last progress line: step {last}; checkpoint being written: {saving}'
+      f'{rec.kill_note}; last logged step: {last}; checkpoint being written: {saving}'
   )
 
 
@@ -417,7 +452,7 @@ def run(config, config_path, overrides, kills, seed, workdir, reference_args=(),
     )
   cal = calibrate(ref)
   print(
-      f'uninterrupted run: {ref.wall:.1f}s; header to first step {cal.compile_s:.2f}s, '
+      f'uninterrupted run: {ref.wall:.1f}s; start to first step {cal.compile_s:.2f}s, '
       f'{cal.step_s:.3f}s per step, {cal.save_s:.3f}s per save',
       flush=True,
   )
@@ -433,8 +468,8 @@ def run(config, config_path, overrides, kills, seed, workdir, reference_args=(),
     rec = launch(command, chaos_dir, os.path.join(workdir, f'chaos_{i}.log'), trigger, timeout)
     rec.kind = kind
     launches.append(rec)
-    if rec.header is not None and rec.steps:  # Start-up of a resume (a warm compilation cache).
-      cal.compile_s = rec.steps[min(rec.steps)] - rec.header
+    if rec.started is not None and rec.steps:  # Start-up of a resume (a warm compilation cache).
+      cal.compile_s = rec.steps[min(rec.steps)] - rec.started
     print(_describe(i, kills, rec), flush=True)
     if rec.killed_at is None and rec.returncode != 0:
       verdict = f'launch {i} failed (status {rec.returncode}): {rec.last_line}'
