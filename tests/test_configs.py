@@ -176,9 +176,7 @@ def test_non_finite_flag_is_one_error_line_before_compiling(tmp_path):
         ({'estimator.baseline': 'rloo', 'estimator.rloo.k': 1}, 'rloo.k=1 must be'),
         ({'boundary.gumbel.temperature': 0.0, 'boundary.method': 'gumbel'}, 'temperature=0.0'),
         ({'boundary.policy.window': 0}, 'policy.window=0'),
-        ({'boundary.window': 8}, 'boundary.window no longer exists; use config.boundary.policy'),
-        ({'estimator.kind': 'none'}, 'estimator.kind no longer exists'),
-        ({'estimator.batch_relative': False}, 'config.estimator.baseline'),
+        ({'boundary.window': 8}, 'config.boundary.window is not a field; config.boundary has'),
         ({'estimator.typo': 1}, 'config.estimator.typo is not a field'),
     ],
 )
@@ -193,36 +191,3 @@ def test_no_rate_loss_with_a_full_buffer_is_valid():
   config_defaults.validate(c)
   # Methods without the score function have no rate loss to switch off: nothing to check.
   config_defaults.validate(_base(**{'estimator.rate_loss': False, 'boundary.method': 'stride'}))
-
-
-def test_upgrade_moves_a_config_saved_with_the_old_fields():
-  old = config_defaults.base_config().to_dict()
-  old['boundary'] = {
-      'method': 'policy',
-      'target_rate': 0.3,
-      'window': 8,
-      'scale': 0.25,
-      'temperature': 1.0,
-      'prior_weight': 1.0,
-      'ratio_weight': 0.05,
-      'bpe_tokenizer': 'tok.json',
-  }
-  old['estimator'] = dict(
-      {k: v for k, v in old['estimator'].items() if k not in ('rloo', 'value')},
-      kind='score_function',
-      batch_relative=False,
-      rloo_k=3,
-      gae_lambda=0.5,
-      value_weight=0.2,
-  )
-  old['estimator']['target_rate'] = 0.3  # Saved configs hold the shared value in both places.
-  old['model']['d_model'] = 64
-  c = config_defaults.upgrade(old)
-  assert c.boundary.policy.window == 8 and c.boundary.policy.scale == 0.25
-  assert c.boundary.hnet.ratio_weight == 0.05 and c.boundary.bpe.tokenizer == 'tok.json'
-  assert c.boundary.target_rate == c.estimator.target_rate == 0.3 and c.model.d_model == 64
-  assert c.estimator.baseline == 'none' and c.estimator.rloo.k == 3
-  assert c.estimator.value.gae_lambda == 0.5 and c.estimator.value.weight == 0.2
-  config_defaults.validate(c)
-  today = config_defaults.base_config()
-  assert config_defaults.upgrade(today).to_dict() == today.to_dict()

@@ -156,58 +156,6 @@ _CHOICES = {
     'model.dtype': ('float32', 'bfloat16'),
     'estimator.reward': ('early_exit', 'plain'),
 }
-# Fields renamed or removed when methods and baselines got their own sections: a config (or flag)
-# still using one is told the new name instead of having the value silently ignored.
-RENAMED = {
-    'boundary.window': 'config.boundary.policy.window',
-    'boundary.scale': 'config.boundary.policy.scale',
-    'boundary.temperature': 'config.boundary.gumbel.temperature',
-    'boundary.prior_weight': 'config.boundary.gumbel.prior_weight',
-    'boundary.ratio_weight': 'config.boundary.hnet.ratio_weight',
-    'boundary.bpe_tokenizer': 'config.boundary.bpe.tokenizer',
-    'estimator.kind': (
-        'nothing: whether a method trains with the score function comes from its registry entry '
-        '(remove the field; for no policy gradient on the policy set config.estimator.lambda_rl=0)'
-    ),
-    'estimator.batch_relative': 'config.estimator.baseline ("batch" or "none")',
-    'estimator.rloo_k': 'config.estimator.rloo.k',
-    'estimator.gae_lambda': 'config.estimator.value.gae_lambda',
-    'estimator.value_weight': 'config.estimator.value.weight',
-}
-
-
-def upgrade(saved) -> ml_collections.ConfigDict:
-  """A config saved before methods and baselines had their own sections, in today's fields.
-
-  saved: a dict or ConfigDict (e.g. read from an older checkpoint). Renamed fields move to their new
-  place, `estimator.batch_relative=False` becomes baseline 'none', `estimator.kind` is dropped, and
-  fields the saved config lacks take today's defaults. A current config comes back unchanged.
-  """
-  old = saved.to_dict() if isinstance(saved, ml_collections.ConfigDict) else dict(saved)
-  old = {k: dict(v) if isinstance(v, dict) else v for k, v in old.items()}
-  est = old.get('estimator', {})
-  if est.pop('batch_relative', True) is False and est.get('baseline', 'batch') == 'batch':
-    est['baseline'] = 'none'
-  est.pop('kind', None)
-  c = base_config()
-  for dotted, new in RENAMED.items():
-    section, key = dotted.split('.')
-    if key in old.get(section, {}) and new.startswith('config.') and ' ' not in new:
-      *path, leaf = new[len('config.') :].split('.')
-      target = c
-      for part in path:
-        target = target[part]
-      target[leaf] = old[section].pop(key)
-
-  def merge(target, values):
-    for k, v in values.items():
-      if isinstance(v, dict) and k in target and isinstance(target[k], ml_collections.ConfigDict):
-        merge(target[k], v)
-      else:
-        target[k] = v
-
-  merge(c, old)
-  return c
 
 
 def drop_foreign_sections(saved: dict) -> dict:
@@ -254,7 +202,7 @@ def _non_finite(value, name):
 
 
 def _check_sections(config) -> None:
-  """Unknown fields of config.boundary and config.estimator (renamed ones say their new name)."""
+  """Unknown fields of config.boundary and config.estimator."""
   base = base_config()
   for section in ('boundary', 'estimator'):
     for key in config[section].keys():
@@ -263,8 +211,6 @@ def _check_sections(config) -> None:
       dotted = f'{section}.{key}'
       if section == 'boundary' and key == config.boundary.get('method'):
         registry.get(key)  # The section of the chosen method: say that the method is unknown.
-      if dotted in RENAMED:
-        raise UserError(f'config.{dotted} no longer exists; use {RENAMED[dotted]}.')
       raise UserError(
           f'config.{dotted} is not a field; config.{section} has {sorted(base[section].keys())}.'
       )
