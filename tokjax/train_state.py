@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tokjax import config_defaults, models, sharding
+from tokjax import models, sharding
 from tokjax.errors import UserError
-from tokjax.models import registry
+from tokjax.models import registry, stage_views
 
 
 @flax.struct.dataclass
@@ -71,6 +71,16 @@ def make_optimizer(config):
           mask=decay_mask,
       ),
   )
+
+
+def validate(config) -> None:
+  """Raises UserError naming the first bad field of config.train or config.optim that no later check
+  covers (config.optim.grad_accum_steps is checked against the mesh by `check_accumulation`)."""
+  for field in ('steps', 'log_every', 'eval_every', 'checkpoint_every'):
+    if not config.train[field] > 0:
+      raise UserError(f'config.train.{field}={config.train[field]!r} must be a positive number.')
+  if config.optim.lr <= 0:
+    raise UserError(f'config.optim.lr={config.optim.lr} must be positive.')
 
 
 class Trainer:
@@ -171,7 +181,7 @@ def _trains_score_function(config) -> bool:
   if config.model.kind != 'hierarchical':
     return False
   names = [config.boundary.method]
-  if config_defaults.stage_count(config) > 1:
+  if stage_views.stage_count(config) > 1:
     names += list(config.stages.method)
   return any(registry.get(name).score_function for name in names)
 

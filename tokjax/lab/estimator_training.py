@@ -26,12 +26,12 @@ import sys
 from absl import flags, logging
 import numpy as np
 
-from tokjax import cli, config_defaults, estimator
+from tokjax import cli, config_files, config_validation, estimator
 from tokjax.errors import UserError
 from tokjax.lab import compare
 from tokjax.metric_writers import read_metrics
 
-VARIANTS = config_defaults.load_module('estimators').VARIANTS  # name -> one-line description.
+VARIANTS = config_files.load_module('estimators').VARIANTS  # name -> one-line description.
 WS_THRESHOLD = (
     0.9  # "Learned": the sampled policy ends a chunk at this fraction of whitespace bytes.
 )
@@ -60,12 +60,12 @@ def variant_config(
   """configs/estimators.py:VARIANT[,tiny] with the command's corpus, seed and schedule; validated."""
   if variant not in VARIANTS:
     raise UserError(f'unknown variant {variant!r}; --variants takes some of {",".join(VARIANTS)}.')
-  c = config_defaults.load('estimators', f'{variant},tiny' if tiny else variant)
+  c = config_files.load('estimators', f'{variant},tiny' if tiny else variant)
   c.data.corpus = corpus
   c.seed = seed
   c.train.steps, c.train.eval_every, c.train.checkpoint_every = steps, eval_every, steps
   c.train.log_every = max(1, min(25, steps // 8))
-  config_defaults.validate(c)
+  config_validation.validate(c)
   return c
 
 

@@ -42,13 +42,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import checkpointing, cli, config_defaults, evaluation
+from tokjax import checkpointing, cli, config_files, evaluation
 from tokjax import train as train_lib
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 from tokjax.losses import cross_entropy
 
-RUNS = tuple(config_defaults.load_module('synthetic_cpu').VARIANTS)  # Its runs: configs' variants.
+RUNS = tuple(config_files.load_module('synthetic_cpu').VARIANTS)  # Its runs: configs' variants.
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
   _STEPS = flags.DEFINE_integer('steps', 800, 'Training steps of each run.')
   _OUT = flags.DEFINE_string(
@@ -279,7 +279,7 @@ def variant_config(name: str, corpus: str, workdir: str, steps: int, eval_every:
   """configs/synthetic_cpu.py:NAME with the command's corpus, seed, schedule and run folder."""
   if name not in RUNS:
     raise UserError(f'unknown run {name!r}; use some of {",".join(RUNS)}.')
-  c = config_defaults.load('synthetic_cpu', name)
+  c = config_files.load('synthetic_cpu', name)
   c.data.corpus = corpus
   c.seed = seed
   c.train.update(

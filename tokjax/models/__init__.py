@@ -8,7 +8,7 @@ import functools
 import jax.numpy as jnp
 
 from tokjax import estimator, losses
-from tokjax.models import flat, hierarchical, layers, registry
+from tokjax.models import flat, hierarchical, layers, registry, stage_views
 from tokjax.vocab import VOCAB_SIZE
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -68,15 +68,13 @@ def build_model(config):
 
 def inner_stages(config) -> dict:
   """HierarchicalByteLM's arguments for stages 1..S-1 (config.model.stages, config.stages)."""
-  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top  (it imports models)
-
-  n = config_defaults.stage_count(config)
+  n = stage_views.stage_count(config)
   if n == 1:
     return {}
   st = config.stages
   return dict(
       inner_boundaries=tuple(
-          build_boundary(config_defaults.stage_config(config, s)) for s in range(1, n)
+          build_boundary(stage_views.stage_config(config, s)) for s in range(1, n)
       ),
       inner_capacity=tuple(st.capacity),
       inner_encoder_layers=tuple(st.encoder_layers),
