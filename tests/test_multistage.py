@@ -128,7 +128,7 @@ def test_one_stage_is_todays_model_composed_from_its_parts():
   # Spread the policy so that boundaries (and overflow) vary between rows.
   params['boundary']['proj']['kernel'] = params['boundary']['proj']['kernel'] * 40.0
 
-  loss, (metrics, _) = jax.jit(models.objective(c, model))(params, batch, key, 0)
+  loss, (metrics, _) = jax.jit(losses.objective(c, model))(params, batch, key, 0)
 
   @jax.jit
   def reference(params):
@@ -593,7 +593,7 @@ def test_stage_estimator_settings_default_to_the_shared_ones_and_touch_only_thei
   values change stage 1's terms and leave every stage-0 metric bit for bit."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from tokjax import config_validation, models  # pylint: disable=g-import-not-at-top
+  from tokjax import config_validation, losses, models  # pylint: disable=g-import-not-at-top
 
   batch = {k: np.asarray(v) for k, v in _batch().items()}
   runs = {}
@@ -611,7 +611,7 @@ def test_stage_estimator_settings_default_to_the_shared_ones_and_touch_only_thei
     model = models.build_model(c)
     if not runs:
       params = _init(model, *models.init_args(c, 4, 32))
-    loss, (metrics, _) = jax.jit(models.objective(c, model))(
+    loss, (metrics, _) = jax.jit(losses.objective(c, model))(
         params, batch, jax.random.PRNGKey(3), 0
     )
     runs[name] = {'loss': float(loss), **{k: float(v) for k, v in metrics.items()}}

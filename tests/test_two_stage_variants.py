@@ -101,7 +101,7 @@ def test_leave_one_out_baseline_applies_at_every_stage():
   r = estimator.rewards(ce_full, ce_early, c.estimator.reward) * mask
   adv, _, _, _ = estimator.advantages_and_returns(r, mask, c.estimator)
   np.testing.assert_allclose(np.asarray(adv[:b] + adv[b:]), 0.0, atol=1e-5)
-  objective = jax.jit(models.objective(c, model))
+  objective = jax.jit(losses.objective(c, model))
   loss, (metrics, _) = objective(params, batch, jax.random.PRNGKey(2), 0)
   assert np.isfinite(float(loss)) and float(metrics['stage1_policy_loss']) != 0.0
 

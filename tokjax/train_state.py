@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tokjax import models, sharding
+from tokjax import losses, models, sharding
 from tokjax.errors import UserError
 from tokjax.models import registry, stage_views
 
@@ -104,7 +104,7 @@ class Trainer:
     self.num_params = sum(x.size for x in jax.tree.leaves(self.abstract_state.params))
     data_sharding = sharding.batch_sharding(mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    train_objective = models.objective(config, self.model, 'sample')
+    train_objective = losses.objective(config, self.model, 'sample')
     self._train_step = jax.jit(
         functools.partial(_train_step, train_objective, self.tx, self.accum_steps),
         in_shardings=(self.state_sharding, data_sharding, replicated),
@@ -113,7 +113,7 @@ class Trainer:
     )
     self._eval_steps = {
         mode: jax.jit(
-            functools.partial(_eval_step, models.objective(config, self.model, mode)),
+            functools.partial(_eval_step, losses.objective(config, self.model, mode)),
             in_shardings=(self.state_sharding.params, data_sharding, replicated),
             out_shardings=replicated,
         )

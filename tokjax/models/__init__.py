@@ -1,13 +1,11 @@
-"""Model construction from a config: `build_model(config)` and the matching objective.
+"""Model construction from a config: `build_model(config)` (its training objective: losses.objective).
 
 The boundary method comes from the registry (tokjax/models/registry.py) by config.boundary.method.
 """
 
-import functools
-
 import jax.numpy as jnp
 
-from tokjax import estimator, losses
+from tokjax import estimator
 from tokjax.models import flat, hierarchical, layers, registry, stage_views
 from tokjax.vocab import VOCAB_SIZE
 
@@ -89,10 +87,3 @@ def init_args(config, batch_size: int, seq_len: int):
 
   tokens = jnp.zeros((batch_size, seq_len), jnp.int32)
   return (tokens,) if config.model.kind == 'flat' else (tokens, jax.random.PRNGKey(0))
-
-
-def objective(config, model, mode: str = 'sample'):
-  """(params, batch, key, step) -> (loss, (metrics, ce float32[B, L])) for this config's model."""
-  if config.model.kind == 'flat':
-    return functools.partial(losses.flat_objective, model)
-  return functools.partial(losses.hierarchical_objective, model, cfg=config, mode=mode)
