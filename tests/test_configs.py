@@ -139,6 +139,12 @@ def test_non_finite_numbers_anywhere_are_rejected(field, value):
     config_validation.validate(_base(**{field: value}))
 
 
+def test_a_non_finite_entry_of_a_tuple_is_one_line_naming_its_index():
+  c = _base(**{'model.stages': 2, 'stages.gamma': (0.9, float('nan'))})
+  with pytest.raises(UserError, match=r'^config.stages.gamma\[1\]=nan must be a finite number'):
+    config_validation.validate(c)
+
+
 def test_non_finite_flag_is_one_error_line_before_compiling(tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top

@@ -20,16 +20,11 @@ from tokjax.models import registry, stage_views
 from tokjax.models import validation as model_validation
 
 
-def _get(config, dotted):
-  for part in dotted.split('.'):
-    config = config[part]
-  return config
-
-
 def _non_finite(value, name):
-  """The dotted name of the first NaN or infinite number in value (nested dicts, lists), or None."""
+  """(dotted name, value) of the first NaN or infinite number in value (nested dicts, lists), or
+  None; an entry of a tuple is named with its index (config.stages.gamma[0])."""
   if isinstance(value, float) and not math.isfinite(value):
-    return name
+    return name, value
   if isinstance(value, (dict, ml_collections.ConfigDict)):
     for k, v in value.items():
       found = _non_finite(v, f'{name}.{k}')
@@ -63,7 +58,7 @@ def validate(config) -> None:
   """Raises UserError naming the first bad field and what it accepts."""
   bad = _non_finite(config.to_dict(), 'config')
   if bad:
-    raise UserError(f'{bad}={_get(config, bad[len("config."):])!r} must be a finite number.')
+    raise UserError(f'{bad[0]}={bad[1]!r} must be a finite number.')
   _check_sections(config)
   pipeline.validate(config)
   model_validation.validate(config)
