@@ -74,8 +74,8 @@ def make_optimizer(config):
 
 
 def validate(config) -> None:
-  """Raises UserError naming the first bad field of config.train or config.optim that no later check
-  covers (config.optim.grad_accum_steps is checked against the mesh by `check_accumulation`)."""
+  """Raises UserError naming the first bad field of config.train or config.optim (its
+  grad_accum_steps is checked against the batch and the mesh by `check_accumulation`)."""
   for field in ('steps', 'log_every', 'eval_every', 'checkpoint_every'):
     if not config.train[field] > 0:
       raise UserError(f'config.train.{field}={config.train[field]!r} must be a positive number.')
