@@ -1,12 +1,12 @@
 """`validate(config)`: one UserError line that names the first bad field and what it accepts.
 
 What holds for every field (a finite number; a field that config_defaults declares) is checked here;
-each section is checked by the code that reads it:
-  config.data, config.eval    tokjax/data/pipeline.py (`build_data` reads them)
-  config.model, config.boundary, config.stages    tokjax/models/validation.py (each boundary
-                              method's own section by its registry entry)
-  config.train, config.optim  tokjax/train_state.py
-  config.estimator and config.stages' estimator fields    tokjax/estimator.py
+each section of the config is checked by the code that reads it:
+  data, eval                      tokjax/data/pipeline.py (`build_data` reads both)
+  model, boundary, stages         tokjax/models/validation.py (a boundary method's own section by
+                                  its registry entry's `validate`)
+  train, optim                    tokjax/train_state.py
+  estimator, stages' estimator    tokjax/estimator.py (a baseline's own section by its `validate`)
 """
 
 import math
