@@ -8,12 +8,12 @@ method, and the rivals of tokjax/models/rivals/) and 'flat' (the flat byte Trans
 attention). A method added to the registry is a variant here with no edit. A method trains with the
 score function only when its registry entry says so; the rivals get no policy gradient.
 Hierarchical model, d_model 128, encoder/main/decoder 1/2/1 blocks, L = 256, B = 16, 600 steps on the
-standard-library corpus; `,tiny` shrinks it (config_defaults.tiny). The comparison at equal byte
+standard-library corpus; `,tiny` shrinks it (presets.tiny). The comparison at equal byte
 budget (`python -m tokjax.lab.compare`) trains these variants; its measured results are in
 results/compare/.
 """
 
-from tokjax import config_defaults
+from tokjax import config_defaults, config_files, presets
 from tokjax.models import registry
 
 VARIANTS = {name: m.description for name, m in registry.methods().items()} | {
@@ -22,13 +22,13 @@ VARIANTS = {name: m.description for name, m in registry.methods().items()} | {
 
 
 def get_config(arg=None):
-  name, options = config_defaults.parse_variant(arg, VARIANTS, 'policy')
+  name, options = config_files.parse_variant(arg, VARIANTS, 'policy')
   c = config_defaults.base_config()
   if name == 'flat':
     c.model.update(kind='flat', byte_window=0)
   else:
     c.boundary.method = name
   if 'tiny' in options:
-    config_defaults.tiny(c)
+    presets.tiny(c)
   c.train.workdir = f'runs/{name}'
   return c

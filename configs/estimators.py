@@ -19,7 +19,7 @@ policy's advantages are GAE(gamma = 0.99, lambda = 0.95) of the early-exit rewar
 'rloo*': a draw's per-position reward is centred by the mean of the other draws of the same sequence
 (unbiased at any gamma), then discounted with gamma = 0.99; the draws of one sequence share its
 encoder pass; the LM loss averages the draws.
-`,tiny` shrinks the model (config_defaults.tiny) and scales B by 4 / 16 (full: 4 x 1, rloo4x4: 1 x 4).
+`,tiny` shrinks the model (presets.tiny) and scales B by 4 / 16 (full: 4 x 1, rloo4x4: 1 x 4).
 Expect (Shakespeare, 600 steps, 3 seeds, 6-7 min per run on one core; results/estimators/training/):
 sampled whitespace recall over steps 450-600 of 0.959 ± 0.019 (full), 0.928 ± 0.085 (gae; one seed
 stayed at 0.83), 0.995 ± 0.003 (rloo4x4), 0.996 ± 0.003 (rloo2x8); at step 200 0.88 (full) against
@@ -29,7 +29,7 @@ stayed at 0.83), 0.995 ± 0.003 (rloo4x4), 0.996 ± 0.003 (rloo2x8); at step 200
 more variance than an ideal one would.
 """
 
-from tokjax import config_defaults
+from tokjax import config_defaults, config_files, presets
 
 # name -> (baseline, settings of its config.estimator.BASELINE section, sequences per step B, description)
 SETTINGS = {
@@ -43,14 +43,14 @@ VARIANTS = {name: setting[-1] for name, setting in SETTINGS.items()}
 
 
 def get_config(arg=None):
-  name, options = config_defaults.parse_variant(arg, VARIANTS, 'full')
+  name, options = config_files.parse_variant(arg, VARIANTS, 'full')
   baseline, settings, batch, _ = SETTINGS[name]
   c = config_defaults.base_config()
   c.estimator.baseline = baseline
   if settings:
     c.estimator[baseline].update(settings)
   if 'tiny' in options:
-    config_defaults.tiny(c)
+    presets.tiny(c)
     batch = max(1, batch * c.data.batch_size // 16)
   c.data.batch_size = batch
   c.train.workdir = f'runs/estimators/{name}'

@@ -16,7 +16,7 @@ layers their decisions would change the loss only at second order).
 Training FLOPs per byte at the target rates (model FLOPs, tokjax.flops.flops_per_byte):
 344.1 MFLOPs for this config against 350.2 MFLOPs (-1.8%) for the one-stage paper config,
 measured with
-  python -c "from tokjax import config_defaults as c, flops; a = c.load('paper_147m_fineweb'); \
+  python -c "from tokjax import config_files as c, flops; a = c.load('paper_147m_fineweb'); \
       b = c.load('paper_two_stage_147m'); print(flops.flops_per_byte(a, (0.2,)), \
       flops.flops_per_byte(b, (0.2, 0.5)))"
 Parameters: 184.9M against 146.9M for the one-stage config (the 8 stage-1 layers run on the stage-0
@@ -25,7 +25,7 @@ with jax.eval_shape of models.build_model(c).init (tokjax.lab.common.param_count
 Not run at scale: tokjax has neither trained nor compiled this config on accelerators.
 """
 
-from tokjax.config_defaults import paper_two_stage_config
+from tokjax.presets import paper_two_stage_config
 
 
 def get_config():

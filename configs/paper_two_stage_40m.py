@@ -15,7 +15,7 @@ where stage-1 chunks end decides what is carried past 64 bytes (with full attent
 layers their decisions would change the loss only at second order).
 Training FLOPs per byte at the target rates (model FLOPs, tokjax.flops.flops_per_byte):
 124.4 MFLOPs for this config against 126.0 MFLOPs (-1.3%) for the one-stage paper config, measured with
-  python -c "from tokjax import config_defaults as c, flops; a = c.load('paper_40m_fineweb'); \
+  python -c "from tokjax import config_files as c, flops; a = c.load('paper_40m_fineweb'); \
       b = c.load('paper_two_stage_40m'); print(flops.flops_per_byte(a, (0.2,)), \
       flops.flops_per_byte(b, (0.2, 0.5)))"
 Parameters: 48.8M against 40.3M for the one-stage config (the 4 stage-1 layers run on the stage-0
@@ -24,7 +24,7 @@ with jax.eval_shape of models.build_model(c).init (tokjax.lab.common.param_count
 Not run at scale: tokjax has neither trained nor compiled this config on accelerators.
 """
 
-from tokjax.config_defaults import paper_two_stage_config
+from tokjax.presets import paper_two_stage_config
 
 
 def get_config():

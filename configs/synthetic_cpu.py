@@ -20,7 +20,7 @@ length, because no run learned to use the copies within 800 steps (copy-byte bpb
 rest).
 """
 
-from tokjax import config_defaults
+from tokjax import config_defaults, config_files
 
 VARIANTS = {
     'method': 'the score-function policy (the method under test)',
@@ -31,7 +31,7 @@ VARIANTS = {
 
 
 def get_config(arg=None):
-  name, _ = config_defaults.parse_variant(arg, VARIANTS, 'method')
+  name, _ = config_files.parse_variant(arg, VARIANTS, 'method')
   c = config_defaults.base_config()
   c.data.update(corpus='', seq_len=128, batch_size=16, val_fraction=0.05, test_fraction=0.05)
   c.model.update(

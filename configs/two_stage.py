@@ -35,7 +35,7 @@ Variants (stage 0 / stage 1):
 Results at CPU scale, with the commands that made them: results/multistage/.
 """
 
-from tokjax import config_defaults
+from tokjax import config_defaults, config_files, presets
 
 VARIANTS = {
     'learned': 'policy / policy: the score function at both levels',
@@ -52,7 +52,7 @@ METHODS = {
 
 
 def get_config(arg=None):
-  name, options = config_defaults.parse_variant(arg, VARIANTS, 'learned')
+  name, options = config_files.parse_variant(arg, VARIANTS, 'learned')
   c = config_defaults.base_config()
   first, second = METHODS[name]
   c.boundary.method = first
@@ -65,7 +65,7 @@ def get_config(arg=None):
       decoder_layers=(1,),
   )
   if 'tiny' in options:
-    config_defaults.tiny(c)
+    presets.tiny(c)
     c.stages.capacity = (max(2, c.model.capacity // 2),)
   c.stages.window = (c.model.byte_window,)  # In bytes: see the module docstring.
   c.train.workdir = f'runs/two_stage_{name}'

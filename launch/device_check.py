@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import compile_check, config_defaults, flops, sharding, train, train_state
+from tokjax import compile_check, flops, presets, sharding, train, train_state
 from tokjax.lab.benchmarks.throughput import median_seconds
 from tokjax.models import boundaries
 
@@ -43,7 +43,7 @@ def _shrink(c):
 
 def paper_step(size: str, device, hbm, dry_run: bool, timed_steps: int) -> dict:
   """The largest power-of-two batch whose compiled step fits `hbm`, then its timed throughput."""
-  base = config_defaults.paper_config(size)
+  base = presets.paper_config(size)
   base.mesh.update(data=1, fsdp=1, tensor=1)
   if dry_run:
     base = _shrink(base)
@@ -124,7 +124,7 @@ def sampler_seconds(batch: int, seq_len: int, timed_steps: int) -> float:
 
 def train_run(dry_run: bool, workdir: str) -> dict:
   """A 40M-width model (d 512, 4/6/4 layers, w = 8, bf16) on the stdlib corpus: does the loss fall?"""
-  c = config_defaults.paper_config('40m')
+  c = presets.paper_config('40m')
   c.data.update(corpus='stdlib', max_bytes=20_000_000, seq_len=1024, batch_size=32)
   c.model.capacity = 512
   c.optim.update(lr=2e-3, warmup_steps=50)

@@ -43,9 +43,9 @@ def tiny_run(tmp_path_factory):
 
 def tiny_two_stage_config(workdir: str):
   """configs/two_stage.py's learned/learned variant at its tiny size, on `tiny_config`'s data."""
-  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+  from tokjax import config_files  # pylint: disable=g-import-not-at-top
 
-  c = config_defaults.load('two_stage', 'learned,tiny')
+  c = config_files.load('two_stage', 'learned,tiny')
   c.data.corpus, c.data.max_bytes = 'stdlib', 200_000
   c.data.val_fraction = c.data.test_fraction = 0.1
   c.eval.max_batches = 2

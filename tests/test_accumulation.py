@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from tokjax import config_defaults, estimator, models, sharding, train_state
+from tokjax import config_defaults, estimator, losses, sharding, train_state
 from tokjax.errors import UserError
 
 
@@ -74,20 +74,20 @@ def test_accumulated_step_equals_plain_step_when_rows_are_independent(kind, meth
 def test_score_function_accumulation_is_the_mean_over_micro_batches_with_their_own_baselines():
   config = _config(accum=2)
   trainer, params0, batch, accum, metrics = _step(config)
-  objective = models.objective(config, trainer.model, 'sample')
+  objective = losses.objective(config, trainer.model, 'sample')
   grad_fn = jax.jit(jax.value_and_grad(objective, has_aux=True))
   key = jax.random.fold_in(jax.random.PRNGKey(1), 0)  # The step folds in its step number (0).
   host = jax.device_get(batch)
-  losses, grads = [], []
+  micro_losses, grads = [], []
   for i in range(2):
     micro = {k: v[i::2] for k, v in host.items()}  # Strided rows i, i + 2, ...
     (loss, (m, _)), g = grad_fn(params0, micro, jax.random.fold_in(key, i), jnp.asarray(0))
-    losses.append(loss)
+    micro_losses.append(loss)
     grads.append(g)
     # The batch-relative baseline is the micro-batch's own: advantages centred per micro-batch.
     assert float(m['advantage_var']) > 0
   mean_grads = jax.tree.map(lambda a, b: (a + b) / 2, *grads)
-  np.testing.assert_allclose(metrics['loss'], np.mean(losses), rtol=1e-6)
+  np.testing.assert_allclose(metrics['loss'], np.mean(micro_losses), rtol=1e-6)
   updates, _ = trainer.tx.update(mean_grads, trainer.tx.init(params0), params0)
   _assert_close(accum, optax.apply_updates(params0, updates), rtol=1e-5)
   # Not the plain step: the per-micro-batch keys and baselines change the update.

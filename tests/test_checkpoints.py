@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, models, train
+from tokjax import checkpointing, losses, train
 from tokjax.errors import UserError
 from tokjax.metric_writers import read_metrics
 
@@ -141,7 +141,7 @@ def test_resume_without_checkpoint_says_it_starts_fresh(tmp_path, capsys):
 
 
 def test_nonfinite_before_any_checkpoint_does_not_advise_resume(tmp_path, monkeypatch):
-  real_objective = models.objective
+  real_objective = losses.objective
 
   def poisoned(config, model, mode='sample'):
     f = real_objective(config, model, mode)
@@ -152,7 +152,7 @@ def test_nonfinite_before_any_checkpoint_does_not_advise_resume(tmp_path, monkey
 
     return g
 
-  monkeypatch.setattr(models, 'objective', poisoned)
+  monkeypatch.setattr(losses, 'objective', poisoned)
   c = tiny_config(str(tmp_path))
   c.train.log_every = 2
   with pytest.raises(UserError) as e:

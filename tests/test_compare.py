@@ -7,9 +7,11 @@ import math
 import os
 import sys
 
+import ml_collections
 import pytest
 
-from tokjax import config_defaults, evaluation
+from tokjax import checkpointing, config_defaults, config_validation, evaluation
+from tokjax.errors import UserError
 from tokjax.lab import common, compare
 from tokjax.models import registry
 
@@ -85,20 +87,20 @@ def test_a_config_built_while_a_user_method_was_registered_reads_without_it(toy_
   saved = config_defaults.base_config().to_dict()
   assert toy_method in saved['boundary']
   registry.unregister(toy_method)
-  with pytest.raises(config_defaults.UserError, match='boundary.punctuation is not a field'):
-    config_defaults.validate(config_defaults.ml_collections.ConfigDict(saved))
-  read = config_defaults.drop_foreign_sections(saved)
-  config_defaults.validate(config_defaults.ml_collections.ConfigDict(read))
+  with pytest.raises(UserError, match='boundary.punctuation is not a field'):
+    config_validation.validate(ml_collections.ConfigDict(saved))
+  read = checkpointing.drop_foreign_sections(saved)
+  config_validation.validate(ml_collections.ConfigDict(read))
   assert (
       toy_method not in read['boundary']
       and read['boundary']['policy'] == saved['boundary']['policy']
   )
   # A config that trains the unregistered method keeps its section and says what is missing.
   saved['boundary']['method'] = toy_method
-  kept = config_defaults.drop_foreign_sections(saved)
+  kept = checkpointing.drop_foreign_sections(saved)
   assert kept['boundary'][toy_method] == {'bytes': '.,;\n'}
-  with pytest.raises(config_defaults.UserError, match='registered when that file is imported'):
-    config_defaults.validate(config_defaults.ml_collections.ConfigDict(kept))
+  with pytest.raises(UserError, match='registered when that file is imported'):
+    config_validation.validate(ml_collections.ConfigDict(kept))
 
 
 # The table, curves and segmentations are method-agnostic, and every registered method's model is

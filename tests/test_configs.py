@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tokjax import config_defaults
+from tokjax import config_defaults, config_files, config_validation, presets
 from tokjax.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,7 +45,7 @@ def _variants():
 def test_config_validates_and_documents_its_command(path, variant):
   module = _load(path)
   config = module.get_config() if variant is None else module.get_config(variant)
-  config_defaults.validate(config)
+  config_validation.validate(config)
   name = os.path.relpath(path, REPO)
   assert f'--config {name}' in module.__doc__ or f'--config={name}' in module.__doc__, name
 
@@ -53,13 +53,13 @@ def test_config_validates_and_documents_its_command(path, variant):
 def test_compare_variants_are_the_registry_and_flat():
   from tokjax.models import registry  # pylint: disable=g-import-not-at-top
 
-  assert list(config_defaults.load_module('compare').VARIANTS) == [*registry.methods(), 'flat']
+  assert list(config_files.load_module('compare').VARIANTS) == [*registry.methods(), 'flat']
   for name in registry.methods():
-    assert config_defaults.load('compare', name).boundary.method == name
-  assert config_defaults.load('compare', 'flat').model.kind == 'flat'
+    assert config_files.load('compare', name).boundary.method == name
+  assert config_files.load('compare', 'flat').model.kind == 'flat'
   with pytest.raises(UserError, match='unknown config variant'):
-    config_defaults.load('compare', 'nope')
-  tiny = config_defaults.load('compare', 'hnet,tiny')
+    config_files.load('compare', 'nope')
+  tiny = config_files.load('compare', 'hnet,tiny')
   assert tiny.model.d_model == 32 and tiny.boundary.method == 'hnet'
 
 
@@ -98,7 +98,7 @@ ABLATIONS = {
 
 @pytest.mark.parametrize('name,changes', sorted(ABLATIONS.items()))
 def test_each_ablation_is_the_40m_config_with_one_switch_flipped(name, changes):
-  base = _flat(config_defaults.paper_config('40m').to_dict())
+  base = _flat(presets.paper_config('40m').to_dict())
   ablation = _flat(_load(os.path.join(REPO, 'configs', name)).get_config().to_dict())
   diff = {k: ablation[k] for k in base if base[k] != ablation[k] and k != 'train.workdir'}
   assert diff == changes
@@ -106,8 +106,8 @@ def test_each_ablation_is_the_40m_config_with_one_switch_flipped(name, changes):
 
 def test_paper_configs_spend_their_byte_budgets():
   for size, steps in (('147m', 11444), ('90m', 6484), ('40m', 5722)):
-    c = config_defaults.paper_config(size)
-    p = config_defaults.PAPER_SIZES[size]
+    c = presets.paper_config(size)
+    p = presets.PAPER_SIZES[size]
     assert c.train.steps == steps
     assert c.data.batch_size * c.data.seq_len * c.train.steps <= p['bytes']
     assert c.data.batch_size * c.data.seq_len * (c.train.steps + 1) > p['bytes']
@@ -136,7 +136,13 @@ def _base(**changes):
 )
 def test_non_finite_numbers_anywhere_are_rejected(field, value):
   with pytest.raises(UserError, match=f'^config.{field}={value!r} must be a finite number'):
-    config_defaults.validate(_base(**{field: value}))
+    config_validation.validate(_base(**{field: value}))
+
+
+def test_a_non_finite_entry_of_a_tuple_is_one_line_naming_its_index():
+  c = _base(**{'model.stages': 2, 'stages.gamma': (0.9, float('nan'))})
+  with pytest.raises(UserError, match=r'^config.stages.gamma\[1\]=nan must be a finite number'):
+    config_validation.validate(c)
 
 
 def test_non_finite_flag_is_one_error_line_before_compiling(tmp_path):
@@ -176,53 +182,18 @@ def test_non_finite_flag_is_one_error_line_before_compiling(tmp_path):
         ({'estimator.baseline': 'rloo', 'estimator.rloo.k': 1}, 'rloo.k=1 must be'),
         ({'boundary.gumbel.temperature': 0.0, 'boundary.method': 'gumbel'}, 'temperature=0.0'),
         ({'boundary.policy.window': 0}, 'policy.window=0'),
-        ({'boundary.window': 8}, 'boundary.window no longer exists; use config.boundary.policy'),
-        ({'estimator.kind': 'none'}, 'estimator.kind no longer exists'),
-        ({'estimator.batch_relative': False}, 'config.estimator.baseline'),
+        ({'boundary.window': 8}, 'config.boundary.window is not a field; config.boundary has'),
         ({'estimator.typo': 1}, 'config.estimator.typo is not a field'),
     ],
 )
 def test_invalid_combinations_are_one_clear_error(changes, message):
   with pytest.raises(UserError, match=message.replace('(', r'\(').replace('[', r'\[')):
-    config_defaults.validate(_base(**changes))
+    config_validation.validate(_base(**changes))
 
 
 def test_no_rate_loss_with_a_full_buffer_is_valid():
   c = _base(**{'estimator.rate_loss': False})
   c.model.capacity = c.data.seq_len
-  config_defaults.validate(c)
+  config_validation.validate(c)
   # Methods without the score function have no rate loss to switch off: nothing to check.
-  config_defaults.validate(_base(**{'estimator.rate_loss': False, 'boundary.method': 'stride'}))
-
-
-def test_upgrade_moves_a_config_saved_with_the_old_fields():
-  old = config_defaults.base_config().to_dict()
-  old['boundary'] = {
-      'method': 'policy',
-      'target_rate': 0.3,
-      'window': 8,
-      'scale': 0.25,
-      'temperature': 1.0,
-      'prior_weight': 1.0,
-      'ratio_weight': 0.05,
-      'bpe_tokenizer': 'tok.json',
-  }
-  old['estimator'] = dict(
-      {k: v for k, v in old['estimator'].items() if k not in ('rloo', 'value')},
-      kind='score_function',
-      batch_relative=False,
-      rloo_k=3,
-      gae_lambda=0.5,
-      value_weight=0.2,
-  )
-  old['estimator']['target_rate'] = 0.3  # Saved configs hold the shared value in both places.
-  old['model']['d_model'] = 64
-  c = config_defaults.upgrade(old)
-  assert c.boundary.policy.window == 8 and c.boundary.policy.scale == 0.25
-  assert c.boundary.hnet.ratio_weight == 0.05 and c.boundary.bpe.tokenizer == 'tok.json'
-  assert c.boundary.target_rate == c.estimator.target_rate == 0.3 and c.model.d_model == 64
-  assert c.estimator.baseline == 'none' and c.estimator.rloo.k == 3
-  assert c.estimator.value.gae_lambda == 0.5 and c.estimator.value.weight == 0.2
-  config_defaults.validate(c)
-  today = config_defaults.base_config()
-  assert config_defaults.upgrade(today).to_dict() == today.to_dict()
+  config_validation.validate(_base(**{'estimator.rate_loss': False, 'boundary.method': 'stride'}))

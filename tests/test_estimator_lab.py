@@ -156,14 +156,14 @@ def test_training_objective_with_the_new_baselines(baseline):
   """
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
 
-  from tokjax import config_defaults, losses, models  # pylint: disable=g-import-not-at-top
+  from tokjax import config_defaults, config_validation, losses, models  # pylint: disable=g-import-not-at-top
 
   c = config_defaults.base_config()
   c.model.update(d_model=16, num_heads=2, capacity=16)
   c.data.update(seq_len=16, batch_size=2)
   c.estimator.baseline = baseline
   c.estimator.rloo.k = 3
-  config_defaults.validate(c)
+  config_validation.validate(c)
   model = models.build_model(c)
   params = nn.unbox(model.init(jax.random.PRNGKey(0), *models.init_args(c, 2, 16)))['params']
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 256)

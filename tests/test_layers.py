@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import config_defaults, decoding, models
+from tokjax import config_defaults, decoding, losses, models
 from tokjax.errors import UserError
 from tokjax.models import layers
 
@@ -40,7 +40,7 @@ def _params(config, b=2, l=40):
 
 def _loss_and_grads(config, params, batch):
   model = models.build_model(config)
-  objective = models.objective(config, model, 'sample')
+  objective = losses.objective(config, model, 'sample')
   fn = jax.jit(jax.value_and_grad(lambda p: objective(p, batch, jax.random.PRNGKey(5), 0)[0]))
   return fn(params)
 

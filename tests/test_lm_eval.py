@@ -13,7 +13,7 @@ import lm_eval
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, config_defaults, evaluate, sample, train
+from tokjax import checkpointing, config_files, evaluate, presets, sample, train
 from tokjax.errors import UserError
 from tokjax.lm_eval import model as lm_model
 from tokjax.lm_eval import scoring, tasks
@@ -41,7 +41,7 @@ def report(lm, manager):
 @pytest.fixture(scope='module')
 def flat_run(tmp_path_factory):
   """A flat checkpoint (configs/flat_cpu.py at the tiny size) after one training step."""
-  c = config_defaults.tiny(config_defaults.load('flat_cpu'))
+  c = presets.tiny(config_files.load('flat_cpu'))
   c.data.corpus, c.data.max_bytes = 'stdlib', 200_000
   c.data.val_fraction = c.data.test_fraction = 0.1
   c.train.steps, c.train.log_every, c.train.eval_every, c.train.checkpoint_every = 1, 1, 1, 1

@@ -128,7 +128,7 @@ def test_one_stage_is_todays_model_composed_from_its_parts():
   # Spread the policy so that boundaries (and overflow) vary between rows.
   params['boundary']['proj']['kernel'] = params['boundary']['proj']['kernel'] * 40.0
 
-  loss, (metrics, _) = jax.jit(models.objective(c, model))(params, batch, key, 0)
+  loss, (metrics, _) = jax.jit(losses.objective(c, model))(params, batch, key, 0)
 
   @jax.jit
   def reference(params):
@@ -280,10 +280,10 @@ def test_inner_windows_are_bytes_on_every_attention_path():
 def test_two_stage_configs_window_every_inner_stage(name, arg):
   """The two-stage configs make stage 1 a bottleneck: its layers attend over fewer bytes than a
   sequence holds (the byte layers' window), so only the main layers read the whole sequence."""
-  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+  from tokjax import config_files, config_validation  # pylint: disable=g-import-not-at-top
 
-  c = config_defaults.load(name, arg)
-  config_defaults.validate(c)
+  c = config_files.load(name, arg)
+  config_validation.validate(c)
   assert c.stages.window == (c.model.byte_window,)
   assert 0 < c.model.byte_window < c.data.seq_len
 
@@ -593,7 +593,7 @@ def test_stage_estimator_settings_default_to_the_shared_ones_and_touch_only_thei
   values change stage 1's terms and leave every stage-0 metric bit for bit."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from tokjax import config_defaults, models  # pylint: disable=g-import-not-at-top
+  from tokjax import config_validation, losses, models  # pylint: disable=g-import-not-at-top
 
   batch = {k: np.asarray(v) for k, v in _batch().items()}
   runs = {}
@@ -607,11 +607,11 @@ def test_stage_estimator_settings_default_to_the_shared_ones_and_touch_only_thei
     c.stages.update({k: (v,) for k, v in fields.items()})
     if fields:
       c.stages.baseline = ('batch' if name == 'explicit' else 'none',)
-    config_defaults.validate(c)
+    config_validation.validate(c)
     model = models.build_model(c)
     if not runs:
       params = _init(model, *models.init_args(c, 4, 32))
-    loss, (metrics, _) = jax.jit(models.objective(c, model))(
+    loss, (metrics, _) = jax.jit(losses.objective(c, model))(
         params, batch, jax.random.PRNGKey(3), 0
     )
     runs[name] = {'loss': float(loss), **{k: float(v) for k, v in metrics.items()}}
@@ -759,11 +759,11 @@ def test_two_stage_run_resumes_exactly(tmp_path):
   from 2: steps 3 and 4 log the uninterrupted run's metrics, both stages' included, bit for bit."""
   from conftest import tiny_config  # pylint: disable=g-import-not-at-top
 
-  from tokjax import checkpointing, config_defaults, train  # pylint: disable=g-import-not-at-top
+  from tokjax import checkpointing, config_files, train  # pylint: disable=g-import-not-at-top
   from tokjax.metric_writers import read_metrics  # pylint: disable=g-import-not-at-top
 
   workdir = str(tmp_path / 'run')
-  c = config_defaults.load('two_stage', 'learned,tiny')
+  c = config_files.load('two_stage', 'learned,tiny')
   small = tiny_config(workdir)
   c.data.update(small.data.to_dict())
   c.train.update(steps=4, log_every=1, eval_every=4, checkpoint_every=2, workdir=workdir)
@@ -813,16 +813,16 @@ def test_two_stage_run_resumes_exactly(tmp_path):
 def test_bad_stage_settings_are_one_clear_line(changes, message):
   import re  # pylint: disable=g-import-not-at-top
 
-  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+  from tokjax import config_files, config_validation  # pylint: disable=g-import-not-at-top
   from tokjax.errors import UserError  # pylint: disable=g-import-not-at-top
 
-  c = config_defaults.load('two_stage', 'learned,tiny')
-  config_defaults.validate(c)  # The base is valid: the change alone makes it bad.
+  c = config_files.load('two_stage', 'learned,tiny')
+  config_validation.validate(c)  # The base is valid: the change alone makes it bad.
   for dotted, value in changes.items():
     section, key = dotted.split('.')
     c[section][key] = value
   with pytest.raises(UserError, match='^' + re.escape(message)) as err:
-    config_defaults.validate(c)
+    config_validation.validate(c)
   assert '\n' not in str(err.value)
 
 

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from tokjax import config_defaults, flops
+from tokjax import config_files, config_validation, flops
 from tokjax.lab import multistage
+from tokjax.models import stage_views
 
 
 def _corpus(tmp_path):
@@ -50,7 +51,7 @@ def test_multistage_trains_runs_at_equal_flops_and_reports_each_level(tmp_path):
     assert r['planned_flops'] == pytest.approx(flops.step_flops(cfg, rates) * r['steps'])
     assert math.isfinite(r['test']['bpb']) and 0 < r['test']['bpb'] < 10, r['run']
     assert math.isfinite(r['test']['bpb_se'])
-    stages = config_defaults.stage_count(cfg)
+    stages = stage_views.stage_count(cfg)
     assert len(r['levels']) == stages
     drawn = r['passage']['levels']
     assert {m: len(v) for m, v in drawn.items()} == {'greedy': stages, 'sample': stages}
@@ -69,10 +70,10 @@ def test_multistage_trains_runs_at_equal_flops_and_reports_each_level(tmp_path):
 
 @pytest.mark.parametrize('size', ['147m', '40m'])
 def test_paper_two_stage_configs_match_the_one_stage_flops_per_byte(size):
-  one = config_defaults.load(f'paper_{size}_fineweb')
-  two = config_defaults.load(f'paper_two_stage_{size}')
-  config_defaults.validate(two)
-  assert config_defaults.stage_count(two) == 2
+  one = config_files.load(f'paper_{size}_fineweb')
+  two = config_files.load(f'paper_two_stage_{size}')
+  config_validation.validate(two)
+  assert stage_views.stage_count(two) == 2
   ratio = flops.flops_per_byte(two, multistage.target_rates(two)) / flops.flops_per_byte(
       one, multistage.target_rates(one)
   )

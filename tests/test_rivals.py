@@ -287,7 +287,7 @@ def test_sequential_policy_starts_exactly_at_the_target_rate():
 def test_bpe_without_pretokenization_merges_across_words_and_is_cached_apart(tmp_path):
   """pretokenize='none' learns tokens that hold a space inside (fewer tokens per byte at the same
   vocabulary); the cached tokenizer of each setting is its own file."""
-  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+  from tokjax import config_defaults, config_validation  # pylint: disable=g-import-not-at-top
 
   docs = [_WORDS * 40, b'thee and thou, my lord; the queen is dead.\n' * 40]
   inner_space = lambda tok: any('\u0120' in t[1:] for t in tok.get_vocab())  # 'Ġ' is the space.
@@ -310,4 +310,4 @@ def test_bpe_without_pretokenization_merges_across_words_and_is_cached_apart(tmp
   assert inner_space(fitted['none']) and not inner_space(fitted['words'])
   c.boundary.bpe.pretokenize = 'sentences'
   with pytest.raises(UserError, match='pretokenize'):
-    config_defaults.validate(c)
+    config_validation.validate(c)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, models, sharding, train, train_state
+from tokjax import checkpointing, losses, sharding, train, train_state
 from tokjax.data import pipeline
 from tokjax.errors import UserError
 from tokjax.metric_writers import read_metrics
@@ -81,7 +81,7 @@ def test_train_step_compiles_once_whatever_the_boundaries(tmp_path):
 def test_nan_loss_stops_with_a_message_and_keeps_the_checkpoint_valid(tmp_path, monkeypatch):
   """A loss that turns NaN at step 4 never reaches the parameters or a checkpoint; the run stops
   with one message and resumes from the last good checkpoint."""
-  real_objective = models.objective
+  real_objective = losses.objective
 
   def poisoned(config, model, mode='sample'):
     f = real_objective(config, model, mode)
@@ -92,7 +92,7 @@ def test_nan_loss_stops_with_a_message_and_keeps_the_checkpoint_valid(tmp_path, 
 
     return g
 
-  monkeypatch.setattr(models, 'objective', poisoned)
+  monkeypatch.setattr(losses, 'objective', poisoned)
   c = tiny_config(str(tmp_path))
   c.train.log_every, c.train.checkpoint_every = 2, 2
   with pytest.raises(UserError, match='NaN.*checkpoint step 2 is intact.*--resume'):

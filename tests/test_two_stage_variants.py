@@ -6,17 +6,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import config_defaults, sharding, train_state
+from tokjax import config_files, config_validation, sharding, train_state
 from tokjax.models import hierarchical
 
-VARIANTS = list(config_defaults.load_module('two_stage').VARIANTS)
+VARIANTS = list(config_files.load_module('two_stage').VARIANTS)
 TEXT = b'the king and queen of a far land went to see thy noble lord with all her men. ' * 4
 
 
 def _trainer(variant):
-  c = config_defaults.load('two_stage', f'{variant},tiny')
+  c = config_files.load('two_stage', f'{variant},tiny')
   c.mesh.data = 1
-  config_defaults.validate(c)
+  config_validation.validate(c)
   return c, train_state.Trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
 
 
@@ -81,10 +81,10 @@ def test_leave_one_out_baseline_applies_at_every_stage():
   over the draws (with the batch baseline they sum to zero over the batch instead)."""
   from tokjax import estimator, losses, models  # pylint: disable=g-import-not-at-top
 
-  c = config_defaults.load('two_stage', 'learned,tiny')
+  c = config_files.load('two_stage', 'learned,tiny')
   c.estimator.update(baseline='rloo', gamma=1.0)
   c.estimator.rloo.k = 2
-  config_defaults.validate(c)
+  config_validation.validate(c)
   model, batch = models.build_model(c), _batch(c)
   init = jax.jit(lambda t: model.init(jax.random.PRNGKey(0), t, jax.random.PRNGKey(1)))
   params = init(batch['inputs'])['params']
@@ -101,7 +101,7 @@ def test_leave_one_out_baseline_applies_at_every_stage():
   r = estimator.rewards(ce_full, ce_early, c.estimator.reward) * mask
   adv, _, _, _ = estimator.advantages_and_returns(r, mask, c.estimator)
   np.testing.assert_allclose(np.asarray(adv[:b] + adv[b:]), 0.0, atol=1e-5)
-  objective = jax.jit(models.objective(c, model))
+  objective = jax.jit(losses.objective(c, model))
   loss, (metrics, _) = objective(params, batch, jax.random.PRNGKey(2), 0)
   assert np.isfinite(float(loss)) and float(metrics['stage1_policy_loss']) != 0.0
 
@@ -114,9 +114,9 @@ def test_inner_straight_through_factor_follows_the_executed_action(method):
   from tokjax import models  # pylint: disable=g-import-not-at-top
   from tokjax.models.rivals import common  # pylint: disable=g-import-not-at-top
 
-  c = config_defaults.load('two_stage', 'hnet,tiny')
+  c = config_files.load('two_stage', 'hnet,tiny')
   c.stages.method = (method,)
-  config_defaults.validate(c)
+  config_validation.validate(c)
   model, batch = models.build_model(c), _batch(c)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), batch['inputs'], jax.random.PRNGKey(1))
   tokens = batch['inputs']

@@ -20,7 +20,7 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from tokjax import config_defaults, evaluation, paths, sharding, train_state
+from tokjax import config_defaults, config_validation, evaluation, paths, sharding, train_state
 from tokjax.errors import UserError
 
 
@@ -79,6 +79,26 @@ def _load_item(mgr, step: int, item: str, args):
     raise BadStep(f'its "{item}" item fails to load ({_first_line(e)})') from None
 
 
+def drop_foreign_sections(saved: dict) -> dict:
+  """saved (a config as a dict) without the settings of boundary methods this process has not
+  registered and the config does not use.
+
+  A method added in the user's own file (README, "Extending tokjax") puts its section
+  config.boundary.NAME into every config built while it is imported, whichever method trains; a
+  command that restores such a checkpoint without that import must still read it.
+  """
+  boundary = saved.get('boundary')
+  if not isinstance(boundary, dict):
+    return saved
+  known = config_defaults.base_config().boundary
+  kept = {
+      k: v
+      for k, v in boundary.items()
+      if k in known or not isinstance(v, dict) or k == boundary.get('method')
+  }
+  return {**saved, 'boundary': kept}
+
+
 def read_config(mgr, step: int) -> ml_collections.ConfigDict:
   """The config saved with step (raises BadStep when it is missing or unreadable)."""
   problem = step_problem(mgr.directory / str(step), items=('config',))
@@ -87,7 +107,7 @@ def read_config(mgr, step: int) -> ml_collections.ConfigDict:
   cfg = _load_item(mgr, step, 'config', ocp.args.JsonRestore())
   if not isinstance(cfg, dict) or 'model' not in cfg:
     raise BadStep('its "config" item holds no tokjax config')
-  return ml_collections.ConfigDict(config_defaults.drop_foreign_sections(cfg))
+  return ml_collections.ConfigDict(drop_foreign_sections(cfg))
 
 
 def _candidates(mgr, step: int | None) -> list[int]:
@@ -242,7 +262,7 @@ def _load_step(mgr, path: str, step: int, mesh, trainer=None) -> Checkpoint:
     config = trainer.config
   else:
     try:
-      config_defaults.validate(config)
+      config_validation.validate(config)
       trainer = train_state.Trainer(config, inspection_mesh(config) if mesh is None else mesh)
     except (KeyError, AttributeError, TypeError, UserError) as e:
       raise BadStep(

@@ -202,9 +202,9 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
   says, the bytes it needed; other compile errors propagate.
   """
 
-  from tokjax import config_defaults, flops, sharding, train_state  # pylint: disable=g-import-not-at-top
+  from tokjax import config_validation, flops, sharding, train_state  # pylint: disable=g-import-not-at-top
 
-  config_defaults.validate(config)
+  config_validation.validate(config)
   mesh = sharding.make_mesh(config.mesh, devices)
   shards = mesh.shape['data'] * mesh.shape['fsdp']
   if config.data.batch_size % shards:

@@ -348,3 +348,91 @@ register_baseline(
         validate=_validate_value,
     )
 )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Checks of config.estimator and of config.stages' score-function fields (`STAGE_FIELDS`).
+
+REWARDS = ('early_exit', 'plain')  # config.estimator.reward: see `rewards`.
+
+
+def validate(config, stages: int, score_function: bool) -> None:
+  """Raises UserError naming the first bad field of config.estimator or config.stages' estimator
+  fields.
+
+  stages: S, the levels of boundaries (config.model.stages, already checked); score_function:
+  whether the model's stage-0 boundaries train with the score function (the model's checks say).
+  """
+  est = config.estimator
+  if est.reward not in REWARDS:
+    raise UserError(f'config.estimator.reward={est.reward!r} is not valid; use one of {REWARDS}.')
+  if not 0.0 <= est.gamma <= 1.0:
+    raise UserError(f'config.estimator.gamma={est.gamma} must be in [0, 1].')
+  if stages > 1:
+    _validate_stages(config, stages)
+  b = baseline(est.baseline)
+  if b.validate:
+    b.validate(est)
+  if (b.critic or b.draws(est) > 1) and not score_function:
+    raise UserError(
+        f'config.estimator.baseline={est.baseline!r} needs a hierarchical model whose boundary '
+        f'method trains with the score function (boundary.method="policy"); this config has '
+        f'model.kind={config.model.kind!r}, boundary.method={config.boundary.method!r}. Set '
+        '--config.estimator.baseline=batch.'
+    )
+  if est.off_policy_steps > 0 and not score_function:
+    raise UserError(
+        f'config.estimator.off_policy_steps={est.off_policy_steps} needs a boundary method '
+        'trained with the score function (boundary.method="policy"); set it to 0.'
+    )
+  if score_function and not est.rate_loss and config.model.capacity < config.data.seq_len:
+    raise UserError(
+        f'config.estimator.rate_loss=False needs config.model.capacity >= config.data.seq_len '
+        f'(here {config.model.capacity} < {config.data.seq_len}): nothing holds the rate down, and '
+        f'a smaller buffer caps it at about capacity / seq_len; set '
+        f'--config.model.capacity={config.data.seq_len}.'
+    )
+
+
+def _validate_stages(config, n: int) -> None:
+  """config.stages' estimator fields for a model of n > 1 stages (`stage_settings` reads them)."""
+  st, est = config.stages, config.estimator
+  for field in STAGE_FIELDS:
+    if len(st.get(field, ())) not in (0, n - 1):
+      raise UserError(
+          f'config.stages.{field} has {len(st[field])} entries but config.model.stages={n} needs '
+          f'{n - 1} (one per stage above the bytes) or none (config.estimator.{field} at every '
+          'stage).'
+      )
+  draws = baseline(est.baseline).draws(est)
+  for s in range(1, n):
+    i, cfg = s - 1, stage_settings(config, s)
+    if len(st.get('gamma', ())) and not 0.0 <= cfg.gamma <= 1.0:
+      raise UserError(f'config.stages.gamma[{i}]={st.gamma[i]!r} must be in [0, 1].')
+    for field in ('lambda_rl', 'lambda_rate'):
+      if len(st.get(field, ())) and not cfg[field] >= 0.0:
+        raise UserError(f'config.stages.{field}[{i}]={st[field][i]!r} must be >= 0.')
+    if not len(st.get('baseline', ())):
+      continue
+    name = st.baseline[i]
+    if name not in BASELINES:
+      raise UserError(
+          f'config.stages.baseline[{i}]={name!r} is not valid; use one of '
+          f'{tuple(k for k, b in BASELINES.items() if not b.critic)}.'
+      )
+    b = baseline(name)
+    if b.critic:
+      raise UserError(
+          f'config.stages.baseline[{i}]={name!r} needs a critic, and the model has one only for '
+          'stage 0; use "batch", "rloo" or "none".'
+      )
+    if b.draws(est) not in (1, draws):
+      raise UserError(
+          f'config.stages.baseline[{i}]={name!r} needs {b.draws(est)} boundary draws per sequence, '
+          f'which every stage shares: set config.estimator.baseline={name!r} too, or use "batch".'
+      )
+  if est.baseline == 'value':
+    raise UserError(
+        f'config.estimator.baseline="value" has one critic, for stage 0; with config.model.stages='
+        f'{n} use "batch", "rloo" or "none" (each applies per stage).'
+    )

@@ -29,9 +29,10 @@ import os
 from absl import flags
 import numpy as np
 
-from tokjax import checkpointing, cli, config_defaults, evaluation, paths
+from tokjax import checkpointing, cli, evaluation, paths
 from tokjax.data import pipeline
 from tokjax.errors import UserError
+from tokjax.models import stage_views
 
 # --------------------------------------------------------------------------------- BPE reference
 
@@ -208,7 +209,7 @@ def run_evaluation(
       'step': ckpt.step,
       'split': split,
       'corpus': corpus or config.data.corpus,
-      'stages': config_defaults.stage_count(config),
+      'stages': stage_views.stage_count(config),
       'num_docs': first['documents'],
       'bytes': first['bytes'],
       'max_batches': max_batches,

@@ -3,6 +3,7 @@ paper's total loss (1 - lambda_early) CE_full + lambda_early CE_early + policy l
 auxiliary loss of the boundary method), with the boundary metrics that expose a broken estimator.
 """
 
+import functools
 import math
 
 import jax.numpy as jnp
@@ -46,6 +47,14 @@ def boundary_metrics(tokens, actions, mask, dropped=None):
     out['overflow'] = jnp.sum(dropped) / jnp.maximum(jnp.sum(dropped) + jnp.sum(actions), 1.0)
     out['overflow_rows'] = jnp.mean(jnp.any(dropped > 0, axis=-1).astype(jnp.float32))
   return out
+
+
+def objective(config, model, mode: str = 'sample'):
+  """(params, batch, key, step) -> (loss, (metrics, ce float32[B, L])) for this config's model
+  (`models.build_model(config)`)."""
+  if config.model.kind == 'flat':
+    return functools.partial(flat_objective, model)
+  return functools.partial(hierarchical_objective, model, cfg=config, mode=mode)
 
 
 def flat_objective(model, params, batch, key, step):

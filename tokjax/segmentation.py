@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tokjax.data import BOS_ID, PAD_ID
-from tokjax.models import hierarchical
+from tokjax.models import hierarchical, stage_views
 
 
 def encode_window(text: bytes, seq_len: int) -> np.ndarray:
@@ -143,11 +143,9 @@ def window_overlap(config) -> int:
   bound, so the window re-reads the cap (half a window): long-range decisions near a seam may differ
   from one pass over the whole text.
   """
-  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top  (it imports models)
-
   m, seq_len = config.model, config.data.seq_len
   field = m.encoder_layers * (m.byte_window - 1) if m.byte_window > 0 else seq_len
-  if config_defaults.stage_count(config) > 1:
+  if stage_views.stage_count(config) > 1:
     field = seq_len
   return max(0, min(field, (seq_len - 2) // 2))
 

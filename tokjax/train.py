@@ -29,7 +29,7 @@ from ml_collections import config_flags
 from tokjax import (
     checkpointing,
     cli,
-    config_defaults,
+    config_validation,
     distributed,
     evaluation,
     flops,
@@ -42,6 +42,7 @@ from tokjax import (
 from tokjax.data import pipeline
 from tokjax.errors import Interrupted, UserError
 from tokjax.metric_writers import MetricWriter, plot_curves, read_metrics
+from tokjax.models import stage_views
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
   _CONFIG = config_flags.DEFINE_config_file(
@@ -186,7 +187,7 @@ class Reporter:
     now = time.time()
     rate = None
     if self.hierarchical:  # Stage 0's chunks per byte, then each inner stage's rate.
-      stages = range(1, config_defaults.stage_count(self.config))
+      stages = range(1, stage_views.stage_count(self.config))
       rate = (float(metrics['rate']),) + tuple(float(metrics[f'stage{s}_rate']) for s in stages)
     speed = self.throughput(done - self.last_step, now - self.last_t, rate)
     eta = (self.total - done) * (now - self.t0) / max(done - self.start_step, 1)
@@ -215,7 +216,7 @@ class Reporter:
         f'{val["greedy_whitespace_recall"]:.2f}'
         + ''.join(
             f' | stage {s} rate {val[f"stage{s}_rate"]:.3f}'
-            for s in range(1, config_defaults.stage_count(self.config))
+            for s in range(1, stage_views.stage_count(self.config))
         )
         if self.hierarchical
         else ''
@@ -248,7 +249,7 @@ class Reporter:
     )
     print(f'wrote {self.writer.path}, {png}, checkpoints in {checkpoint_dir}')
     if self.hierarchical:
-      legend = segmentation.legend(config_defaults.stage_count(self.config))
+      legend = segmentation.legend(stage_views.stage_count(self.config))
       print(f'learned segmentation of held-out text ({legend}):')
       print(show_segmentation(self.trainer, params, self.data, self.config, key))
 
@@ -338,7 +339,7 @@ def initial_state(config, trainer, data, mgr, key, resume: bool, step: int | Non
 def train(config, resume: bool = False, step: int | None = None, overwrite: bool = False) -> dict:
   """Runs training; returns the final val metrics. Raises UserError for fixable input problems and
   Interrupted after saving when a stop signal arrives."""
-  config_defaults.validate(config)
+  config_validation.validate(config)
   distributed.maybe_initialize(config.mesh.get('multihost', 'auto'))  # Before anything touches JAX.
   prepare_workdir(config.train.workdir, resume, overwrite)
   mesh = sharding.make_mesh(config.mesh)

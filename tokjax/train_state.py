@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tokjax import config_defaults, models, sharding
+from tokjax import losses, models, sharding
 from tokjax.errors import UserError
-from tokjax.models import registry
+from tokjax.models import registry, stage_views
 
 
 @flax.struct.dataclass
@@ -73,6 +73,16 @@ def make_optimizer(config):
   )
 
 
+def validate(config) -> None:
+  """Raises UserError naming the first bad field of config.train or config.optim (its
+  grad_accum_steps is checked against the batch and the mesh by `check_accumulation`)."""
+  for field in ('steps', 'log_every', 'eval_every', 'checkpoint_every'):
+    if not config.train[field] > 0:
+      raise UserError(f'config.train.{field}={config.train[field]!r} must be a positive number.')
+  if config.optim.lr <= 0:
+    raise UserError(f'config.optim.lr={config.optim.lr} must be positive.')
+
+
 class Trainer:
   """Holds the model, optimizer, mesh and the compiled steps for one config."""
 
@@ -94,7 +104,7 @@ class Trainer:
     self.num_params = sum(x.size for x in jax.tree.leaves(self.abstract_state.params))
     data_sharding = sharding.batch_sharding(mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    train_objective = models.objective(config, self.model, 'sample')
+    train_objective = losses.objective(config, self.model, 'sample')
     self._train_step = jax.jit(
         functools.partial(_train_step, train_objective, self.tx, self.accum_steps),
         in_shardings=(self.state_sharding, data_sharding, replicated),
@@ -103,7 +113,7 @@ class Trainer:
     )
     self._eval_steps = {
         mode: jax.jit(
-            functools.partial(_eval_step, models.objective(config, self.model, mode)),
+            functools.partial(_eval_step, losses.objective(config, self.model, mode)),
             in_shardings=(self.state_sharding.params, data_sharding, replicated),
             out_shardings=replicated,
         )
@@ -171,7 +181,7 @@ def _trains_score_function(config) -> bool:
   if config.model.kind != 'hierarchical':
     return False
   names = [config.boundary.method]
-  if config_defaults.stage_count(config) > 1:
+  if stage_views.stage_count(config) > 1:
     names += list(config.stages.method)
   return any(registry.get(name).score_function for name in names)
 

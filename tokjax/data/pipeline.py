@@ -439,3 +439,17 @@ def build_data(config) -> Data:
       eval_max_batches=max_batches,
       **extra,
   )
+
+
+def validate(config) -> None:
+  """Raises UserError naming the first bad field `build_data` reads of config.data and config.eval
+  (the corpus itself is checked when it is loaded)."""
+  for field in ("data.batch_size", "eval.batch_size", "eval.max_batches"):
+    section, key = field.split(".")
+    if not config[section][key] > 0:
+      raise UserError(f"config.{field}={config[section][key]!r} must be a positive number.")
+  if config.data.seq_len < 2:
+    raise UserError(
+        f"config.data.seq_len={config.data.seq_len} is too short: a sequence needs at least "
+        "2 bytes (one input, one target); set --config.data.seq_len=256 or similar."
+    )

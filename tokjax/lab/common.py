@@ -18,7 +18,7 @@ import time
 import jax
 import numpy as np
 
-from tokjax import checkpointing, config_defaults, models, segmentation
+from tokjax import checkpointing, config_files, config_validation, models, segmentation
 from tokjax import train as train_lib
 from tokjax.metric_writers import read_metrics
 
@@ -27,13 +27,13 @@ from tokjax.metric_writers import read_metrics
 
 def method_names() -> tuple[str, ...]:
   """The variants of configs/compare.py: every registered boundary method, then 'flat'."""
-  return tuple(config_defaults.load_module('compare').VARIANTS)
+  return tuple(config_files.load_module('compare').VARIANTS)
 
 
 def compare_config(method: str, corpus: str, tiny: bool, seed: int = 0):
   """configs/compare.py:METHOD[,tiny] with the command's corpus and seed (before budget and
   workdir)."""
-  c = config_defaults.load('compare', f'{method},tiny' if tiny else method)
+  c = config_files.load('compare', f'{method},tiny' if tiny else method)
   c.data.corpus = corpus
   c.seed = seed
   return c
@@ -71,7 +71,7 @@ def schedule(config, steps: int, evals: int) -> None:
   config.train.eval_every = max(1, steps // max(evals, 1))
   config.train.log_every = max(1, min(25, steps // 8))
   config.train.checkpoint_every = steps
-  config_defaults.validate(config)
+  config_validation.validate(config)
 
 
 def median_bytes_per_s(rows) -> float:

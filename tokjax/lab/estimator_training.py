@@ -25,7 +25,7 @@ import sys
 from absl import flags, logging
 import numpy as np
 
-from tokjax import cli, config_defaults, estimator
+from tokjax import cli, config_files, config_validation, estimator
 from tokjax.errors import UserError
 from tokjax.lab import common
 from tokjax.metric_writers import read_metrics
@@ -33,7 +33,7 @@ from tokjax.metric_writers import read_metrics
 
 def variants() -> dict[str, str]:
   """The variants of configs/estimators.py: name -> one-line description."""
-  return config_defaults.load_module('estimators').VARIANTS
+  return config_files.load_module('estimators').VARIANTS
 
 
 WS_THRESHOLD = (
@@ -66,12 +66,12 @@ def variant_config(
     raise UserError(
         f'unknown variant {variant!r}; --variants takes some of {",".join(variants())}.'
     )
-  c = config_defaults.load('estimators', f'{variant},tiny' if tiny else variant)
+  c = config_files.load('estimators', f'{variant},tiny' if tiny else variant)
   c.data.corpus = corpus
   c.seed = seed
   c.train.steps, c.train.eval_every, c.train.checkpoint_every = steps, eval_every, steps
   c.train.log_every = max(1, min(25, steps // 8))
-  config_defaults.validate(c)
+  config_validation.validate(c)
   return c
 
 

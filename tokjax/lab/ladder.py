@@ -41,7 +41,7 @@ import time
 from absl import flags, logging
 import numpy as np
 
-from tokjax import cli, config_defaults, evaluation, flops
+from tokjax import cli, config_validation, evaluation, flops
 from tokjax.errors import Interrupted, UserError
 from tokjax.lab import common
 from tokjax.metric_writers import read_metrics
@@ -101,7 +101,7 @@ def build_config(run: Run):
   for item in run.overrides:
     field, value = item.split('=', 1)
     _set_field(c, field, value)
-  config_defaults.validate(c)
+  config_validation.validate(c)
   return c
 
 

@@ -26,11 +26,20 @@ from absl import flags, logging
 import jax
 import numpy as np
 
-from tokjax import checkpointing, cli, config_defaults, evaluation, flops, losses, segmentation
+from tokjax import (
+    checkpointing,
+    cli,
+    config_files,
+    evaluation,
+    flops,
+    losses,
+    presets,
+    segmentation,
+)
 from tokjax.data import pipeline
 from tokjax.errors import UserError
 from tokjax.lab import common
-from tokjax.models import hierarchical
+from tokjax.models import hierarchical, stage_views
 
 # run -> (configs/FILE.py, its variant or None, boundary methods per stage as shown in the tables).
 RUNS = {
@@ -72,11 +81,11 @@ def run_config(run: str, corpus: str, tiny: bool = False, seed: int = 0, batch: 
   """The config of `run` (a key of RUNS) with the command's corpus, seed and batch (0: keep)."""
   file, variant, _ = RUNS[run]
   if variant is None:
-    c = config_defaults.load(file)
+    c = config_files.load(file)
     if tiny:
-      config_defaults.tiny(c)
+      presets.tiny(c)
   else:
-    c = config_defaults.load(file, f'{variant},tiny' if tiny else variant)
+    c = config_files.load(file, f'{variant},tiny' if tiny else variant)
   c.data.corpus = corpus
   c.seed = seed
   if batch:
@@ -86,7 +95,7 @@ def run_config(run: str, corpus: str, tiny: bool = False, seed: int = 0, batch: 
 
 def target_rates(config) -> tuple[float, ...]:
   """Each stage's target rate: stage 0's per byte, stage s's per chunk of stage s - 1."""
-  stages = config_defaults.stage_count(config)
+  stages = stage_views.stage_count(config)
   return (float(config.boundary.target_rate),) + tuple(
       float(r) for r in config.stages.target_rate[: stages - 1]
   )

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import checkpointing, cli, config_defaults, evaluation
+from tokjax import checkpointing, cli, config_files, evaluation
 from tokjax import train as train_lib
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
@@ -52,7 +52,7 @@ from tokjax.losses import cross_entropy
 
 def run_names() -> tuple[str, ...]:
   """The runs: the variants of configs/synthetic_cpu.py."""
-  return tuple(config_defaults.load_module('synthetic_cpu').VARIANTS)
+  return tuple(config_files.load_module('synthetic_cpu').VARIANTS)
 
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
@@ -285,7 +285,7 @@ def variant_config(name: str, corpus: str, workdir: str, steps: int, eval_every:
   """configs/synthetic_cpu.py:NAME with the command's corpus, seed, schedule and run folder."""
   if name not in run_names():
     raise UserError(f'unknown run {name!r}; use some of {",".join(run_names())}.')
-  c = config_defaults.load('synthetic_cpu', name)
+  c = config_files.load('synthetic_cpu', name)
   c.data.corpus = corpus
   c.seed = seed
   c.train.update(

@@ -1,14 +1,12 @@
-"""Model construction from a config: `build_model(config)` and the matching objective.
+"""Model construction from a config: `build_model(config)` (its training objective: losses.objective).
 
 The boundary method comes from the registry (tokjax/models/registry.py) by config.boundary.method.
 """
 
-import functools
-
 import jax.numpy as jnp
 
-from tokjax import estimator, losses
-from tokjax.models import flat, hierarchical, layers, registry
+from tokjax import estimator
+from tokjax.models import flat, hierarchical, layers, registry, stage_views
 from tokjax.vocab import VOCAB_SIZE
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -68,15 +66,13 @@ def build_model(config):
 
 def inner_stages(config) -> dict:
   """HierarchicalByteLM's arguments for stages 1..S-1 (config.model.stages, config.stages)."""
-  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top  (it imports models)
-
-  n = config_defaults.stage_count(config)
+  n = stage_views.stage_count(config)
   if n == 1:
     return {}
   st = config.stages
   return dict(
       inner_boundaries=tuple(
-          build_boundary(config_defaults.stage_config(config, s)) for s in range(1, n)
+          build_boundary(stage_views.stage_config(config, s)) for s in range(1, n)
       ),
       inner_capacity=tuple(st.capacity),
       inner_encoder_layers=tuple(st.encoder_layers),
@@ -91,10 +87,3 @@ def init_args(config, batch_size: int, seq_len: int):
 
   tokens = jnp.zeros((batch_size, seq_len), jnp.int32)
   return (tokens,) if config.model.kind == 'flat' else (tokens, jax.random.PRNGKey(0))
-
-
-def objective(config, model, mode: str = 'sample'):
-  """(params, batch, key, step) -> (loss, (metrics, ce float32[B, L])) for this config's model."""
-  if config.model.kind == 'flat':
-    return functools.partial(losses.flat_objective, model)
-  return functools.partial(losses.hierarchical_objective, model, cfg=config, mode=mode)

@@ -52,7 +52,7 @@ def first_step(corpus: str, t0: float) -> dict:
 
   import jax  # pylint: disable=g-import-not-at-top
 
-  from tokjax import config_defaults, sharding, train_state  # pylint: disable=g-import-not-at-top
+  from tokjax import config_defaults, config_validation, sharding, train_state  # pylint: disable=g-import-not-at-top
   from tokjax.data import pipeline  # pylint: disable=g-import-not-at-top
 
   c = config_defaults.base_config()
@@ -60,7 +60,7 @@ def first_step(corpus: str, t0: float) -> dict:
   c.model.d_model, c.model.capacity = 32, 32
   c.data.seq_len, c.data.batch_size = 256, 8
   c.eval.batch_size, c.eval.max_batches = 8, 4
-  config_defaults.validate(c)
+  config_validation.validate(c)
   mesh = sharding.make_mesh(c.mesh)
   t = time.time()
   data = pipeline.build_data(c)

@@ -1,0 +1,70 @@
+"""`validate(config)`: one UserError line that names the first bad field and what it accepts.
+
+What holds for every field (a finite number; a field that config_defaults declares) is checked here;
+each section of the config is checked by the code that reads it:
+  data, eval                      tokjax/data/pipeline.py (`build_data` reads both)
+  model, boundary, stages         tokjax/models/validation.py (a boundary method's own section by
+                                  its registry entry's `validate`)
+  train, optim                    tokjax/train_state.py
+  estimator, stages' estimator    tokjax/estimator.py (a baseline's own section by its `validate`)
+"""
+
+import math
+
+import ml_collections
+
+from tokjax import config_defaults, estimator, train_state
+from tokjax.data import pipeline
+from tokjax.errors import UserError
+from tokjax.models import registry, stage_views
+from tokjax.models import validation as model_validation
+
+
+def _non_finite(value, name):
+  """(dotted name, value) of the first NaN or infinite number in value (nested dicts, lists), or
+  None; an entry of a tuple is named with its index (config.stages.gamma[0])."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return name, value
+  if isinstance(value, (dict, ml_collections.ConfigDict)):
+    for k, v in value.items():
+      found = _non_finite(v, f'{name}.{k}')
+      if found:
+        return found
+  if isinstance(value, (list, tuple)):
+    for i, v in enumerate(value):
+      found = _non_finite(v, f'{name}[{i}]')
+      if found:
+        return found
+  return None
+
+
+def _check_sections(config) -> None:
+  """Unknown fields of config.boundary and config.estimator, whose sub-sections come from the
+  registries (a field there that nothing declares would be silently ignored)."""
+  base = config_defaults.base_config()
+  for section in ('boundary', 'estimator'):
+    for key in config[section].keys():
+      if key in base[section]:
+        continue
+      if section == 'boundary' and key == config.boundary.get('method'):
+        registry.get(key)  # The section of the chosen method: say that the method is unknown.
+      raise UserError(
+          f'config.{section}.{key} is not a field; config.{section} has '
+          f'{sorted(base[section].keys())}.'
+      )
+
+
+def validate(config) -> None:
+  """Raises UserError naming the first bad field and what it accepts."""
+  bad = _non_finite(config.to_dict(), 'config')
+  if bad:
+    raise UserError(f'{bad[0]}={bad[1]!r} must be a finite number.')
+  _check_sections(config)
+  pipeline.validate(config)
+  model_validation.validate(config)
+  train_state.validate(config)
+  estimator.validate(
+      config,
+      stages=stage_views.stage_count(config),
+      score_function=model_validation.trains_score_function(config),
+  )
