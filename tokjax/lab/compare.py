@@ -119,10 +119,18 @@ def capped(docs, max_docs: int, doc_bytes: int):
   return [d[:doc_bytes] for d in docs] if doc_bytes else list(docs)
 
 
-def evaluate_documents(ckpt, docs, key) -> dict:
+def evaluate_documents(ckpt, docs, key, references=None) -> dict:
   """`tokjax.evaluation` statistics of docs with sampled boundaries (as in training): bpb pooled over
-  bytes with its ratio-estimator standard error over documents, and the boundary statistics."""
-  return ckpt.evaluator.run(ckpt.params, docs, key, modes=('sample',))['sample']
+  bytes with its ratio-estimator standard error over documents, and the boundary statistics (with
+  `references`, also against those, and their counts under 'counts')."""
+  return ckpt.evaluator.run(
+      ckpt.params,
+      docs,
+      key,
+      modes=('sample',),
+      references=references,
+      counts=references is not None,
+  )['sample']
 
 
 def paragraph(docs, length: int) -> bytes:
@@ -159,13 +167,14 @@ def run_method(method, config, out_dir):
   }
 
 
-def evaluate_method(method, config, result, data_splits, key, eval_cap, passage):
-  """Adds per-document val/test numbers, parameter count and the passage's boundaries to result."""
+def evaluate_method(method, config, result, data_splits, key, eval_cap, passage, references=None):
+  """Adds per-document val/test numbers, parameter count and the passage's boundaries to result
+  (references: see `evaluate_documents`)."""
   del method
   ckpt = checkpointing.load_checkpoint(config.train.workdir)
   for i, split in enumerate(('val', 'test')):
     result[split] = evaluate_documents(
-        ckpt, capped(data_splits[split], *eval_cap), jax.random.fold_in(key, i)
+        ckpt, capped(data_splits[split], *eval_cap), jax.random.fold_in(key, i), references
     )
   if config.model.kind == 'hierarchical':
     shown, actions, probs = segmentation.boundaries_for(
