@@ -123,3 +123,32 @@ def test_a_reference_may_not_shadow_a_builtin():
   assert list(bs.with_references({'mine': bs.whitespace})) == ['whitespace', 'line', 'mine']
   with pytest.raises(ValueError, match='builtin'):
     bs.with_references({'line': bs.whitespace})
+
+
+def test_training_metrics_against_a_hand_count():
+  from tokjax import losses  # pylint: disable=g-import-not-at-top
+
+  tokens = _bytes(b'ab cd\nef g')
+  actions = np.array([[0, 1, 1, 0, 0, 1, 0, 1, 0, 1]], np.float32)
+  mask = np.array([[1, 1, 1, 1, 1, 1, 1, 1, 1, 0]], np.float32)
+  dropped = np.array([[0, 0, 0, 1, 0, 0, 0, 0, 0, 0]], np.float32)
+  m = jax.device_get(jax.jit(losses.boundary_metrics)(tokens, actions, mask, dropped))
+  # Scored: 9 bytes, 4 boundaries (1, 2, 5, 7); whitespace at 2, 5 (hit) and 8; '\n' at 5 (hit).
+  assert sorted(m) == sorted(
+      [
+          'rate',
+          'bytes_per_chunk',
+          'whitespace_recall',
+          'whitespace_precision',
+          'line_precision',
+          'overflow',
+          'overflow_rows',
+      ]
+  )
+  np.testing.assert_allclose(
+      [m['rate'], m['bytes_per_chunk'], m['whitespace_recall'], m['whitespace_precision']],
+      [4 / 9, 9 / 4, 2 / 3, 2 / 4],
+      rtol=1e-6,
+  )
+  # Overflow: 1 dropped of 1 + 5 placed (the unscored last position's boundary counts too).
+  np.testing.assert_allclose([m['line_precision'], m['overflow']], [1 / 4, 1 / 6], rtol=1e-6)
