@@ -42,7 +42,6 @@ from tokjax import boundary_stats, losses, sharding
 from tokjax.data import pipeline
 from tokjax.models import hierarchical
 
-HIST_MAX = boundary_stats.HIST_MAX
 PRF = ('precision', 'recall', 'f1')  # The statistics of a reference with an F1 (not line ends).
 SE_LABEL = '+- s.e. (ratio estimator over documents)'
 
@@ -234,7 +233,7 @@ class Evaluator:
       if bpe is not None:  # Fitted to stage 0's rate: scored at level 0 only.
         batch_levels[0]['bpe'] = boundary_stats.count(ends[0], mask, bpe(batch['inputs'], pos))
       levels = boundary_stats.merge(levels, batch_levels)
-      batch_hists = [boundary_stats.chunk_histogram(e & mask, HIST_MAX) for e in ends]
+      batch_hists = [boundary_stats.chunk_histogram(e & mask) for e in ends]
       hists = boundary_stats.merge(hists, batch_hists)
     bpb, se = ratio_and_se(ce_doc, bytes_doc)
     m = {
@@ -254,7 +253,7 @@ class Evaluator:
       prefix = f'stage{s}_' if s else ''
       # Stage s >= 1 decides once per chunk of stage s - 1: its rate is per such chunk.
       stats = {'rate': float(rate), 'bytes_per_chunk': float(c['whitespace'].bytes_per_chunk)}
-      for name in ['whitespace', 'bpe'][: 1 + ('bpe' in c)]:
+      for name in [r for r in ('whitespace', 'bpe') if r in c]:
         stats.update({f'{name}_{k}': float(getattr(c[name], k)) for k in PRF})
       stats.update(line_precision=float(c['line'].precision), line_recall=float(c['line'].recall))
       for name in [r for r in refs if r not in boundary_stats.BUILTIN]:
