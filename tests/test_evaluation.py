@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from tokjax import evaluation, sharding, train_state
+from tokjax import boundary_stats, evaluation, sharding, train_state
 from tokjax.data import pipeline
 
 
@@ -26,8 +26,7 @@ def test_ratio_and_se_against_hand_computed_values():
   assert math.isnan(evaluation.ratio_and_se(np.array([3.0]), np.array([2.0]))[1])
 
 
-def test_prf_and_labels():
-  assert evaluation.prf(2, 4, 8) == pytest.approx({'precision': 0.5, 'recall': 0.25, 'f1': 1 / 3})
+def test_labels():
   assert evaluation.format_bpb(1.23456, 0.01234) == (
       '1.2346 +- 0.0123 s.e. (ratio estimator over documents)'
   )
@@ -131,3 +130,32 @@ def test_evaluator_units_add_up_to_its_documents(tmp_path):
   )
   assert len(by_doc['unit_ce']) == len(docs) and sum(by_win['unit_bytes']) == by_doc['bytes']
   assert by_win['bpb'] == pytest.approx(by_doc['bpb'], rel=1e-9)
+
+
+def test_evaluator_scores_a_callers_reference_at_every_level_from_its_counts(tiny_two_stage_run):
+  """A reference passed by name is scored at both levels of a two-stage model like the builtin
+  ones (one counting code), and the returned counts are the sums behind every statistic."""
+  from tokjax import checkpointing  # pylint: disable=g-import-not-at-top
+
+  ckpt = checkpointing.load_checkpoint(tiny_two_stage_run[0])
+  docs = [d[:400] for d in pipeline.load_splits(ckpt.config.data)['val'][:3]]
+  key = jax.random.PRNGKey(4)
+  refs = {'space_too': boundary_stats.whitespace, 'letter_a': lambda t, p: t == ord('a')}
+  m = ckpt.evaluator.run(ckpt.params, docs, key, modes=('sample',), references=refs, counts=True)
+  m = m['sample']
+  plain = ckpt.evaluator.run(ckpt.params, docs, key, modes=('sample',))['sample']
+  assert {k: v for k, v in m.items() if k in plain} == plain  # Extra references change nothing.
+  levels = m['counts']
+  assert len(levels) == 2 and sorted(levels[0]) == ['letter_a', 'line', 'space_too', 'whitespace']
+  for s, prefix in enumerate(('', 'stage1_')):
+    for k in ('precision', 'recall', 'f1'):
+      assert m[f'{prefix}space_too_{k}'] == m[f'{prefix}whitespace_{k}']
+      assert m[f'{prefix}letter_a_{k}'] == getattr(levels[s]['letter_a'], k)
+    assert m[f'{prefix}line_recall'] == levels[s]['line'].recall
+  c0, c1 = levels[0]['whitespace'], levels[1]['whitespace']
+  assert c0.valid == m['bytes'] and m['rate'] == c0.ends / c0.valid
+  assert m['stage1_rate'] == c1.ends / c0.ends and 0 < c1.ends < c0.ends
+  # Letters are no whitespace: the counts of the two references differ.
+  assert levels[0]['letter_a'].refs != c0.refs
+  with pytest.raises(ValueError, match='bpe'):
+    ckpt.evaluator.run(ckpt.params, docs, key, references={'bpe': boundary_stats.whitespace})

@@ -21,6 +21,9 @@ batches):
            when byte t starts a BPE token (the shift of the BPE-guided rival).
   line_{precision,recall}
            the same against newline bytes: boundaries that end a line, and lines ended by a boundary.
+           Every boundary statistic is a `tokjax.boundary_stats.Counts` ratio, the training
+           metrics' definition; a caller's own references (`run(references=...)`) add
+           {name}_{precision,recall,f1} at every level.
   stage{s}_* (models with S > 1 stages, s = 1..S-1) the same statistics of stage s's chunk ends on
            bytes (`hierarchical.boundaries_in_bytes`): rate is per chunk of stage s - 1 (stage s's
            input positions, as the training metric stage{s}_rate), bytes_per_chunk is bytes per
@@ -35,11 +38,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import losses, sharding
+from tokjax import boundary_stats, losses, sharding
 from tokjax.data import pipeline
 from tokjax.models import hierarchical
 
-HIST_MAX = 32  # Chunks of HIST_MAX bytes or more share the last histogram bin.
+PRF = ('precision', 'recall', 'f1')  # The statistics of a reference with an F1 (not line ends).
 SE_LABEL = '+- s.e. (ratio estimator over documents)'
 
 
@@ -117,12 +120,6 @@ def paired_difference(ce_a, ce_b, nbytes) -> dict:
   }
 
 
-def prf(hit, pred, ref) -> dict:
-  """Precision hit / pred, recall hit / ref and their F1 (0 for an empty side)."""
-  p, r = hit / max(pred, 1), hit / max(ref, 1)
-  return {'precision': p, 'recall': r, 'f1': 2 * p * r / max(p + r, 1e-12)}
-
-
 def _forward(model, kind, mode, params, batch, key):
   """-> (CE nats float32[B, L], zero where mask is 0; executed boundaries of every stage on bytes
   float32[B, S, L], S = 1 for the flat and the one-stage model)."""
@@ -172,19 +169,28 @@ class Evaluator:
       modes=None,
       bpe_starts=None,
       unit_bytes=0,
+      references=None,
+      counts=False,
   ) -> dict:
     """Evaluates the documents `docs` (one split) on `batches`.
 
     batches: `pipeline.make_eval_batches(docs, ...)`; default: made here with the config's seq_len
-    and eval.batch_size, at most max_batches of them (None: all). Batch i draws its boundaries with fold_in(key, i). bpe_starts: optional bool[len(doc)] per
-    document (BPE token starts) to score boundaries against. A flat model has only 'sample'.
+    and eval.batch_size, at most max_batches of them (None: all). Batch i draws its boundaries with
+    fold_in(key, i). bpe_starts: optional bool[len(doc)] per document (BPE token starts) to score
+    stage 0's boundaries against. references: optional {name: `boundary_stats.Reference`} scored at
+    every level besides the builtin ones (whitespace, line), e.g. an experiment's own. counts: also
+    return the sums behind the boundary statistics. A flat model has only 'sample'.
 
     Returns:
       {mode: {'bpb', 'bpb_se', 'documents', 'bytes', 'unit_ce', 'unit_bytes'} + for a hierarchical model 'rate',
       'bytes_per_chunk', 'whitespace_{precision,recall,f1}', 'line_{precision,recall}', 'chunk_hist'
       and, with bpe_starts, 'bpe_{precision,recall,f1}'; with S > 1 stages the same boundary
-      statistics (BPE's aside) of each stage s >= 1 prefixed 'stage{s}_' (see the module docstring)}.
+      statistics (BPE's aside) of each stage s >= 1 prefixed 'stage{s}_' (see the module docstring);
+      with references, '{name}_{precision,recall,f1}' of each at every level; with counts (and a
+      hierarchical model), 'counts': per level, {reference name: `boundary_stats.Counts`}}.
     """
+    if references and 'bpe' in references:
+      raise ValueError("'bpe' is the reference of bpe_starts; give yours another name.")
     modes = [m for m in (modes or self.modes) if m in self.modes]
     if batches is None:
       batches = pipeline.make_eval_batches(
@@ -195,23 +201,17 @@ class Evaluator:
       )
     doc_of = document_ids(docs)
     unit_of, num_units = unit_ids(docs, unit_bytes)
-    n = len(doc_of)
-    bpe_stream = None
-    if bpe_starts is not None:
-      bpe_stream = np.concatenate([np.concatenate([[False], s]) for s in bpe_starts])
-    return {
-        mode: self._run_mode(
-            params, mode, batches, key, doc_of, n, len(docs), bpe_stream, unit_of, num_units
-        )
-        for mode in modes
-    }
+    refs = boundary_stats.with_references(references)
+    bpe = boundary_stats.stream_reference(bpe_starts) if bpe_starts is not None else None
+    args = (doc_of, len(doc_of), len(docs), refs, bpe, unit_of, num_units, counts)
+    return {mode: self._run_mode(params, mode, batches, key, *args) for mode in modes}
 
   def _run_mode(
-      self, params, mode, batches, key, doc_of, n, num_docs, bpe_stream, unit_of, num_units
+      self, params, mode, batches, key, doc_of, n, num_docs, refs, bpe, unit_of, num_units, counts
   ) -> dict:
     ce_doc, bytes_doc = np.zeros(num_docs), np.zeros(num_docs)
     ce_unit, bytes_unit = np.zeros(num_units), np.zeros(num_units)
-    counts, hists = None, None  # Per level of boundaries, made at the first batch.
+    levels, hists = None, None  # Per level of boundaries: {reference: Counts}, chunk histogram.
     for i, batch in enumerate(batches):
       placed = sharding.global_batch_from_global(pipeline.model_batch(batch), self.trainer.mesh)
       with sharding.use(self.trainer.mesh, self.config.mesh):
@@ -227,29 +227,14 @@ class Evaluator:
       bytes_unit += np.bincount(tunit, minlength=num_units)
       if not self.hierarchical:
         continue
-      if counts is None:
-        counts = [
-            dict(scored=0, bnd=0, ws=0, ws_hit=0, nl=0, nl_hit=0, bpe=0, bpe_hit=0)
-            for _ in range(actions.shape[1])
-        ]
-        hists = [np.zeros(HIST_MAX + 1, np.int64) for _ in counts]
-      ws = np.isin(batch['inputs'], losses.WHITESPACE) & mask
-      nl = (batch['inputs'] == 10) & mask
-      ref = bpe_stream[np.clip(pos, 0, n - 1)] & mask if bpe_stream is not None else None
-      for c, hist, level in zip(counts, hists, actions.swapaxes(0, 1)):
-        a = (level > 0.5) & mask
-        c['scored'] += mask.sum()
-        c['bnd'] += a.sum()
-        c['ws'] += ws.sum()
-        c['ws_hit'] += (a & ws).sum()
-        c['nl'] += nl.sum()
-        c['nl_hit'] += (a & nl).sum()
-        if ref is not None:
-          c['bpe'] += ref.sum()
-          c['bpe_hit'] += (a & ref).sum()
-        for row in a:
-          lengths = np.diff(np.flatnonzero(row))
-          hist += np.bincount(np.minimum(lengths, HIST_MAX), minlength=HIST_MAX + 1)
+      marks = boundary_stats.masks(refs, batch['inputs'], pos)
+      ends = [level > 0.5 for level in actions.swapaxes(0, 1)]
+      batch_levels = [boundary_stats.count_all(e, mask, marks) for e in ends]
+      if bpe is not None:  # Fitted to stage 0's rate: scored at level 0 only.
+        batch_levels[0]['bpe'] = boundary_stats.count(ends[0], mask, bpe(batch['inputs'], pos))
+      levels = boundary_stats.merge(levels, batch_levels)
+      batch_hists = [boundary_stats.chunk_histogram(e & mask) for e in ends]
+      hists = boundary_stats.merge(hists, batch_hists)
     bpb, se = ratio_and_se(ce_doc, bytes_doc)
     m = {
         'bpb': bpb,
@@ -259,23 +244,24 @@ class Evaluator:
         'unit_ce': [float(x) for x in ce_unit],
         'unit_bytes': [int(x) for x in bytes_unit],
     }
-    for s, (c, hist) in enumerate(zip(counts or [], hists or [])):
+    if levels is None:
+      return m
+    rates = boundary_stats.level_rates(
+        [c['whitespace'].ends for c in levels], levels[0]['whitespace'].valid
+    )
+    for s, (c, hist, rate) in enumerate(zip(levels, hists, rates)):
       prefix = f'stage{s}_' if s else ''
       # Stage s >= 1 decides once per chunk of stage s - 1: its rate is per such chunk.
-      per = counts[s - 1]['bnd'] if s else c['scored']
-      stats = {'rate': float(c['bnd'] / max(per, 1))}
-      per_byte = float(c['bnd'] / max(c['scored'], 1))
-      stats['bytes_per_chunk'] = 1.0 / per_byte if per_byte > 0 else float('inf')
-      refs = [('whitespace', 'ws')] + ([('bpe', 'bpe')] if bpe_stream is not None and not s else [])
-      for name, k in refs:
-        scores = prf(c[f'{k}_hit'], c['bnd'], c[k])
-        stats.update({f'{name}_{stat}': float(v) for stat, v in scores.items()})
-      lines = prf(c['nl_hit'], c['bnd'], c['nl'])
-      stats.update(line_precision=float(lines['precision']), line_recall=float(lines['recall']))
-      stats['chunk_hist'] = {
-          (f'{k}+' if k == HIST_MAX else str(k)): int(v) for k, v in enumerate(hist) if v
-      }
+      stats = {'rate': float(rate), 'bytes_per_chunk': float(c['whitespace'].bytes_per_chunk)}
+      for name in [r for r in ('whitespace', 'bpe') if r in c]:
+        stats.update({f'{name}_{k}': float(getattr(c[name], k)) for k in PRF})
+      stats.update(line_precision=float(c['line'].precision), line_recall=float(c['line'].recall))
+      for name in [r for r in refs if r not in boundary_stats.BUILTIN]:
+        stats.update({f'{name}_{k}': float(getattr(c[name], k)) for k in PRF})
+      stats['chunk_hist'] = boundary_stats.histogram_dict(hist)
       m.update({prefix + k: v for k, v in stats.items()})
+    if counts:
+      m['counts'] = levels
     return m
 
 

@@ -9,11 +9,10 @@ import math
 import jax.numpy as jnp
 import optax
 
-from tokjax import estimator
+from tokjax import boundary_stats, estimator
 from tokjax.models import registry
 
 LN2 = math.log(2.0)
-WHITESPACE = (9, 10, 13, 32)  # \t \n \r space: the "spacelike" bytes boundary metrics refer to.
 
 
 def cross_entropy(logits, targets):
@@ -25,24 +24,23 @@ def masked_mean(x, mask):
   return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-def is_whitespace(tokens):
-  return jnp.isin(tokens, jnp.array(WHITESPACE))
-
-
 def boundary_metrics(tokens, actions, mask, dropped=None):
-  """Rate, bytes per chunk, whitespace alignment (and overflow) of boundaries actions: {0,1}[B, L]."""
-  ws = is_whitespace(tokens).astype(jnp.float32) * mask
-  rate = masked_mean(actions, mask)
+  """Rate, bytes per chunk, whitespace and line alignment (and overflow) of boundaries.
+
+  tokens: int32[B, L] the bytes the boundaries follow; actions: {0,1}[B, L]; mask: {0,1}[B, L] the
+  scored positions; dropped: optional float32[B, L] boundaries dropped for capacity.
+  """
+  refs = boundary_stats.masks(boundary_stats.BUILTIN, tokens)
+  ws = boundary_stats.count(actions, mask, refs['whitespace'])
+  # Line alignment: text has one newline per ~40-80 bytes.
+  line = boundary_stats.count(actions, mask, refs['line'])
   out = {
-      'rate': rate,
-      'bytes_per_chunk': 1.0 / jnp.maximum(rate, 1e-6),
-      # Fraction of whitespace bytes that end a chunk, and of boundaries that sit on whitespace.
-      'whitespace_recall': jnp.sum(actions * ws) / jnp.maximum(jnp.sum(ws), 1.0),
-      'whitespace_precision': jnp.sum(actions * ws) / jnp.maximum(jnp.sum(actions * mask), 1.0),
+      'rate': ws.rate,
+      'bytes_per_chunk': 1.0 / jnp.maximum(ws.rate, 1e-6),
+      'whitespace_recall': ws.recall,
+      'whitespace_precision': ws.precision,
+      'line_precision': line.precision,
   }
-  newline = (tokens == 10).astype(jnp.float32) * mask
-  # Fraction of boundaries that end a line (line alignment; text has one newline per ~40-80 bytes).
-  out['line_precision'] = jnp.sum(actions * newline) / jnp.maximum(jnp.sum(actions * mask), 1.0)
   if dropped is not None:
     out['overflow'] = jnp.sum(dropped) / jnp.maximum(jnp.sum(dropped) + jnp.sum(actions), 1.0)
     out['overflow_rows'] = jnp.mean(jnp.any(dropped > 0, axis=-1).astype(jnp.float32))

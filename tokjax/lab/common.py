@@ -128,12 +128,15 @@ def capped(docs, max_docs: int, doc_bytes: int):
   return [d[:doc_bytes] for d in docs] if doc_bytes else list(docs)
 
 
-def evaluate_documents(ckpt, docs, key, unit_bytes: int | None = None) -> dict:
+def evaluate_documents(ckpt, docs, key, unit_bytes: int | None = None, references=None) -> dict:
   """`tokjax.evaluation` statistics of docs with sampled boundaries (as in training): bpb pooled
   over bytes with its ratio-estimator standard error over documents (or over units of unit_bytes
   bytes of each document, with their per-unit CE for paired differences), and the boundary
-  statistics."""
+  statistics (with `references`, {name: reference} of boundary_stats, also against those, and
+  the boundary_stats.Counts of every level under 'counts')."""
   kwargs = {} if unit_bytes is None else {'unit_bytes': unit_bytes}
+  if references is not None:
+    kwargs.update(references=references, counts=True)
   return ckpt.evaluator.run(ckpt.params, docs, key, modes=('sample',), **kwargs)['sample']
 
 
@@ -144,13 +147,16 @@ def paragraph(docs, length: int) -> bytes:
   return doc[start : start + length] if len(doc) - start >= length // 2 else doc[:length]
 
 
-def evaluate_splits(workdir: str, result: dict, splits, key, eval_cap, passage) -> dict:
-  """Adds to result the run's per-document val/test numbers (split i with fold_in(key, i)), its
-  parameter count and, for a chunking model, stage 0's greedy boundaries on the passage."""
+def evaluate_splits(
+    workdir: str, result: dict, splits, key, eval_cap, passage, references=None
+) -> dict:
+  """Adds to result the run's per-document val/test numbers (split i with fold_in(key, i); with
+  `references`, see evaluate_documents), its parameter count and, for a chunking model, stage 0's
+  greedy boundaries on the passage."""
   ckpt = checkpointing.load_checkpoint(workdir)
   for i, split in enumerate(('val', 'test')):
     result[split] = evaluate_documents(
-        ckpt, capped(splits[split], *eval_cap), jax.random.fold_in(key, i)
+        ckpt, capped(splits[split], *eval_cap), jax.random.fold_in(key, i), references=references
     )
   if ckpt.config.model.kind == 'hierarchical':
     shown, actions, probs = segmentation.boundaries_for(

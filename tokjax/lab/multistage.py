@@ -13,7 +13,7 @@ beside them. Each run trains with `tokjax.train.train` in OUT/RUN (console in OU
 run whose OUT/RUN/result.json exists is not retrained, and one without its per-level statistics is
 evaluated again), then is evaluated on the val and test documents (bits-per-byte with its standard
 error over documents, `tokjax.evaluation`, boundaries sampled as in training) and per level of
-boundaries on test (`level_stats`). OUT gets:
+boundaries on test (`level_summary` of the same evaluation's counts). OUT gets:
   README.md      the tables, the command, and one held-out passage per run with '|' after every
                  stage-0 chunk and '||' where a stage-1 chunk ends too (greedy boundaries)
   results.json   everything in the tables, per run
@@ -27,19 +27,19 @@ import jax
 import numpy as np
 
 from tokjax import (
+    boundary_stats,
     checkpointing,
     cli,
     config_files,
     evaluation,
     flops,
-    losses,
     presets,
     segmentation,
 )
 from tokjax.data import pipeline
 from tokjax.errors import UserError
 from tokjax.lab import common
-from tokjax.models import hierarchical, stage_views
+from tokjax.models import stage_views
 
 # run -> (configs/FILE.py, its variant or None, boundary methods per stage as shown in the tables).
 RUNS = {
@@ -111,80 +111,44 @@ def equal_flops_steps(configs: dict, base_steps: int, base: str = BASE) -> dict:
   }
 
 
-def _level_counts(levels, inputs, mask) -> list[dict]:
-  """Counts per level of one batch. levels: S x {0,1}[B, L] (boundaries_in_bytes); inputs, mask:
-  [B, L] (a boundary after input byte t is scored where target t is a real byte)."""
-  mask = mask > 0
-  ws = np.isin(inputs, losses.WHITESPACE) & mask
-  nl = (inputs == 10) & mask
-  prev = np.concatenate([np.zeros_like(inputs[:, :1]), inputs[:, :-1]], axis=1)
-  phrase = (
-      np.isin(inputs, PHRASE_END) | (np.isin(inputs, losses.WHITESPACE) & np.isin(prev, PHRASE_END))
-  ) & mask
-  out, below = [], mask
-  for level in levels:
-    ends = (np.asarray(level) > 0.5) & mask
-    out.append(
-        {
-            'bytes': int(mask.sum()),
-            'inputs': int(below.sum()),
-            'ends': int(ends.sum()),
-            'ws': int(ws.sum()),
-            'ws_hit': int((ends & ws).sum()),
-            'nl': int(nl.sum()),
-            'nl_hit': int((ends & nl).sum()),
-            'phrase': int(phrase.sum()),
-            'phrase_hit': int((ends & phrase).sum()),
-        }
-    )
-    below = ends
-  return out
-
-
-def _level_summary(c: dict) -> dict:
-  """Counts of one level over a split -> its statistics (see `level_stats`)."""
-  ends = max(c['ends'], 1)
-  return {
-      'rate': c['ends'] / max(c['inputs'], 1),
-      'bytes_per_chunk': c['bytes'] / c['ends'] if c['ends'] else float('inf'),
-      'whitespace_precision': c['ws_hit'] / ends,
-      'whitespace_recall': c['ws_hit'] / max(c['ws'], 1),
-      'line_precision': c['nl_hit'] / ends,
-      'line_recall': c['nl_hit'] / max(c['nl'], 1),
-      'phrase_precision': c['phrase_hit'] / ends,
-      'phrase_recall': c['phrase_hit'] / max(c['phrase'], 1),
-      # What a boundary placed on a random byte would score: the precisions' chance level.
-      'whitespace_base': c['ws'] / max(c['bytes'], 1),
-      'line_base': c['nl'] / max(c['bytes'], 1),
-      'phrase_base': c['phrase'] / max(c['bytes'], 1),
-      'boundaries': c['ends'],
-  }
-
-
-def level_stats(ckpt, docs, key, mode: str = 'sample') -> list[dict]:
-  """Boundary statistics of every level of a checkpoint's model on documents, one dict per stage.
-
-  Per level s: rate (boundaries per input position of stage s: per byte at s = 0, per stage-(s-1)
-  chunk above), bytes_per_chunk, and the precision (fraction of its chunk ends that sit there) and
-  recall (fraction of those bytes that end a level-s chunk) of whitespace, line ends ('\n') and
-  phrase ends (punctuation from PHRASE_END, or whitespace right after it), with each reference's
-  share of bytes (`*_base`, the precision of boundaries placed at random). Batch i draws its
-  boundaries with fold_in(key, i), the eval batches and keys of `tokjax.evaluation.Evaluator.run`.
-  """
-  c = ckpt.config
-  batches = pipeline.make_eval_batches(docs, seq_len=c.data.seq_len, batch_size=c.eval.batch_size)
-  model = ckpt.model
-  forward = jax.jit(
-      lambda p, t, k: hierarchical.boundaries_in_bytes(model.apply({'params': p}, t, k, mode=mode))
+def phrase_end(tokens, positions=None):
+  """bool[B, L]: a phrase ends after the byte (one of PHRASE_END, or whitespace right after one)."""
+  del positions
+  tokens = np.asarray(tokens)
+  prev = np.concatenate([np.zeros_like(tokens[:, :1]), tokens[:, :-1]], axis=1)
+  return np.isin(tokens, PHRASE_END) | (
+      boundary_stats.whitespace(tokens) & np.isin(prev, PHRASE_END)
   )
-  totals = None
-  for i, batch in enumerate(batches):
-    levels = jax.device_get(forward(ckpt.params, batch['inputs'], jax.random.fold_in(key, i)))
-    counts = _level_counts(levels, batch['inputs'], batch['mask'])
-    totals = (
-        counts if totals is None else [{k: a[k] + b[k] for k in a} for a, b in zip(totals, counts)]
-    )
-  return [_level_summary(t) for t in totals]
+
+
+REFERENCES = {'phrase': phrase_end}  # Scored at every level besides the builtin whitespace, line.
+
+
+def level_summary(levels) -> list[dict]:
+  """Per level s, from the Evaluator's counts ({reference: `boundary_stats.Counts`} per level):
+  rate (boundaries per input position of stage s: per byte at s = 0, per stage-(s-1) chunk above),
+  bytes_per_chunk, and the precision (fraction of its chunk ends that sit there) and recall
+  (fraction of those bytes that end a level-s chunk) of whitespace, line ends ('\\n') and phrase
+  ends (`phrase_end`), with each reference's share of bytes (`*_base`, the precision of boundaries
+  placed at random) and the number of boundaries."""
+  ws = [c['whitespace'] for c in levels]
+  rates = boundary_stats.level_rates([c.ends for c in ws], ws[0].valid)
+  out = []
+  for c, rate in zip(levels, rates):
+    ends = c['whitespace'].ends
+    m = {
+        'rate': float(rate),
+        # Bytes over boundaries (not 1 / rate): results.json keeps its earlier numbers bit for bit.
+        'bytes_per_chunk': float(c['whitespace'].valid / ends) if ends else float('inf'),
+    }
+    for name in ('whitespace', 'line', 'phrase'):
+      m.update(
+          {f'{name}_precision': float(c[name].precision), f'{name}_recall': float(c[name].recall)}
+      )
+    m.update({f'{name}_base': float(c[name].base) for name in ('whitespace', 'line', 'phrase')})
+    m['boundaries'] = int(ends)
+    out.append(m)
+  return out
 
 
 def passage_levels(ckpt, text: bytes, key, modes=PASSAGE_MODES) -> tuple[bytes, dict]:
@@ -204,10 +168,10 @@ def run_one(run, config, out_dir, splits, key, eval_cap, passage) -> dict:
   workdir = os.path.join(out_dir, run)
   r = common.train_or_load(run, config, out_dir)
   if 'levels' not in r:
-    r = common.evaluate_splits(workdir, r, splits, key, eval_cap, passage)
-    ckpt = checkpointing.load_checkpoint(workdir)
-    test = common.capped(splits['test'], *eval_cap)
-    r['levels'] = level_stats(ckpt, test, jax.random.fold_in(key, 1))
+    r = common.evaluate_splits(workdir, r, splits, key, eval_cap, passage, REFERENCES)
+    # The per-level statistics come from the same pass as the test bits-per-byte.
+    r['levels'] = level_summary(r['test'].pop('counts'))
+    r['val'].pop('counts')
     common.save_result(out_dir, run, r)
   drawn = r['passage'].get('levels')
   if not isinstance(drawn, dict) or set(drawn) != set(PASSAGE_MODES):

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import checkpointing, cli, config_files, evaluation
+from tokjax import boundary_stats, checkpointing, cli, config_files, evaluation
 from tokjax import train as train_lib
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
@@ -175,15 +175,12 @@ def boundary_f1(predicted, planted, n: int) -> dict:
   """Precision / recall / F1 of boundary positions, both over positions 0..n-1.
 
   predicted: {0,1}[n] or [N, n] (1 = byte ends a chunk); planted: the same shape. Counts are summed
-  over all rows before the ratios (micro average). An empty side gives 0 for its ratio.
+  over all rows before the ratios (micro average, `boundary_stats.Counts`). An empty side gives 0
+  for its ratio.
   """
   p = np.asarray(predicted)[..., :n] > 0.5
-  g = np.asarray(planted)[..., :n] > 0.5
-  tp, n_pred, n_gold = float(np.sum(p & g)), float(np.sum(p)), float(np.sum(g))
-  precision = tp / n_pred if n_pred else 0.0
-  recall = tp / n_gold if n_gold else 0.0
-  f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-  return {'precision': precision, 'recall': recall, 'f1': f1, 'rate': n_pred / p.size}
+  c = boundary_stats.count(p, np.ones(p.shape), np.asarray(planted)[..., :n] > 0.5)
+  return {k: float(getattr(c, k)) for k in ('precision', 'recall', 'f1', 'rate')}
 
 
 def planted_mask(doc: Document) -> np.ndarray:
