@@ -22,7 +22,7 @@ batches):
   line_{precision,recall}
            the same against newline bytes: boundaries that end a line, and lines ended by a boundary.
   stage{s}_* (models with S > 1 stages, s = 1..S-1) the same statistics of stage s's chunk ends on
-           bytes (`hierarchical.boundaries_in_bytes`): rate is per chunk of stage s - 1 (stage s's
+           bytes (`interface.boundaries_in_bytes`): rate is per chunk of stage s - 1 (stage s's
            input positions, as the training metric stage{s}_rate), bytes_per_chunk is bytes per
            stage-s chunk, whitespace_*, line_* and chunk_hist as above; no BPE scores (the BPE
            reference is fitted to stage 0's rate).
@@ -32,12 +32,11 @@ import functools
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from tokjax import losses, sharding
 from tokjax.data import pipeline
-from tokjax.models import hierarchical
+from tokjax.models import interface
 
 HIST_MAX = 32  # Chunks of HIST_MAX bytes or more share the last histogram bin.
 SE_LABEL = '+- s.e. (ratio estimator over documents)'
@@ -123,16 +122,12 @@ def prf(hit, pred, ref) -> dict:
   return {'precision': p, 'recall': r, 'f1': 2 * p * r / max(p + r, 1e-12)}
 
 
-def _forward(model, kind, mode, params, batch, key):
+def _forward(model, mode, params, batch, key):
   """-> (CE nats float32[B, L], zero where mask is 0; executed boundaries of every stage on bytes
-  float32[B, S, L], S = 1 for the flat and the one-stage model)."""
-  if kind == 'flat':
-    out = model.apply({'params': params}, batch['inputs'])
-    actions = jnp.zeros(batch['inputs'].shape, jnp.float32)[:, None]
-  else:
-    out = model.apply({'params': params}, batch['inputs'], key, mode=mode)
-    actions = jnp.stack(hierarchical.boundaries_in_bytes(out), axis=1).astype(jnp.float32)
-  return losses.cross_entropy(out['logits'], batch['targets']) * batch['mask'], actions
+  float32[B, S, L] (`interface.levels_on_bytes`: one level of zeros for a model without stages))."""
+  out = model.apply({'params': params}, batch['inputs'], key, mode=mode)
+  ce = losses.cross_entropy(out.logits, batch['targets']) * batch['mask']
+  return ce, interface.levels_on_bytes(out)
 
 
 class Evaluator:
@@ -145,12 +140,12 @@ class Evaluator:
   def __init__(self, trainer):
     self.trainer = trainer
     self.config = trainer.config
-    self.hierarchical = self.config.model.kind == 'hierarchical'
-    self.modes = ('sample', 'greedy') if self.hierarchical else ('sample',)
+    self.has_boundaries = trainer.model.num_stages > 0
+    self.modes = trainer.model.boundary_modes
     replicated = jax.sharding.NamedSharding(trainer.mesh, jax.sharding.PartitionSpec())
     self._forwards = {
         mode: jax.jit(
-            functools.partial(_forward, trainer.model, self.config.model.kind, mode),
+            functools.partial(_forward, trainer.model, mode),
             in_shardings=(
                 trainer.state_sharding.params,
                 sharding.batch_sharding(trainer.mesh),
@@ -225,7 +220,7 @@ class Evaluator:
       bytes_doc += np.bincount(tdoc, minlength=num_docs)
       ce_unit += np.bincount(tunit, weights=ce[mask], minlength=num_units)
       bytes_unit += np.bincount(tunit, minlength=num_units)
-      if not self.hierarchical:
+      if not self.has_boundaries:
         continue
       if counts is None:
         counts = [
@@ -260,7 +255,6 @@ class Evaluator:
         'unit_bytes': [int(x) for x in bytes_unit],
     }
     for s, (c, hist) in enumerate(zip(counts or [], hists or [])):
-      prefix = f'stage{s}_' if s else ''
       # Stage s >= 1 decides once per chunk of stage s - 1: its rate is per such chunk.
       per = counts[s - 1]['bnd'] if s else c['scored']
       stats = {'rate': float(c['bnd'] / max(per, 1))}
@@ -275,7 +269,7 @@ class Evaluator:
       stats['chunk_hist'] = {
           (f'{k}+' if k == HIST_MAX else str(k)): int(v) for k, v in enumerate(hist) if v
       }
-      m.update({prefix + k: v for k, v in stats.items()})
+      m.update({interface.stage_metric(s, k): v for k, v in stats.items()})
     return m
 
 

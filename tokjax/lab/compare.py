@@ -167,7 +167,7 @@ def evaluate_method(method, config, result, data_splits, key, eval_cap, passage)
     result[split] = evaluate_documents(
         ckpt, capped(data_splits[split], *eval_cap), jax.random.fold_in(key, i)
     )
-  if config.model.kind == 'hierarchical':
+  if ckpt.model.num_stages:
     shown, actions, probs = segmentation.boundaries_for(
         ckpt.model, ckpt.params, passage, config.data.seq_len, key, 'greedy'
     )
