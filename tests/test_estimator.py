@@ -79,7 +79,7 @@ def _setup(window, n_rows):
 
 def _per_row_ce(model, params, tokens, targets, key, mode, actions=None):
   out = model.apply({'params': params}, tokens, key, mode=mode, actions=actions)
-  return losses.cross_entropy(out['logits'], targets), out['boundaries']
+  return losses.cross_entropy(out.logits, targets), out.boundaries
 
 
 @pytest.mark.parametrize('window', [1, 3])

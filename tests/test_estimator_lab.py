@@ -175,7 +175,7 @@ def test_training_objective_with_the_new_baselines(baseline):
     assert 'critic' in params and float(metrics['value_loss']) > 0
     assert float(jnp.abs(grads['critic']['out']['kernel']).sum()) > 0
     only_critic = lambda p: c.estimator.value.weight * estimator.value_loss(
-        model.apply({'params': p}, tokens, jax.random.PRNGKey(2))['values'],
+        model.apply({'params': p}, tokens, jax.random.PRNGKey(2)).values,
         jnp.ones((2, 16)),
         jnp.ones((2, 16)),
     )

@@ -30,8 +30,8 @@ def _reference_head(next_fun, args, kwargs, context):
 def _rewards(model, params, batch, key, reference):
   def run():
     out = model.apply({'params': params}, batch['inputs'], key, mode='greedy')
-    early = losses.cross_entropy(out['early_logits'], batch['targets'])
-    full = losses.cross_entropy(out['logits'], batch['targets'])
+    early = losses.cross_entropy(out.early_logits, batch['targets'])
+    full = losses.cross_entropy(out.logits, batch['targets'])
     return out, early - full
 
   if reference:
@@ -58,11 +58,11 @@ def test_bfloat16_model_rewards_match_float32_heads(scale):
   key = jax.random.PRNGKey(1)
   out, r = _rewards(model, params, batch, key, reference=False)
   ref_out, r_ref = _rewards(model, params, batch, key, reference=True)
-  assert out['logits'].dtype == jnp.float32
+  assert out.logits.dtype == jnp.float32
   # Same boundaries in both runs: the heads feed nothing below them.
-  np.testing.assert_array_equal(out['boundaries'].actions, ref_out['boundaries'].actions)
+  np.testing.assert_array_equal(out.boundaries.actions, ref_out.boundaries.actions)
   err = np.abs(np.asarray(r) - np.asarray(r_ref))
-  max_logit = float(jnp.abs(ref_out['logits']).max())
+  max_logit = float(jnp.abs(ref_out.logits).max())
   print(
       f'head scale {scale}: max |logit| {max_logit:.1f}, reward error vs float32 heads: '
       f'max {err.max():.2e}, mean {err.mean():.2e}, reward std {float(np.std(r_ref)):.3f}'

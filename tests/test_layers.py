@@ -172,7 +172,7 @@ def test_dot_product_model_equals_blocked_model_and_is_causal(kind):
   _assert_trees_close(grads_d, grads_b, rtol=1e-4, atol=1e-6)
   model = models.build_model(dpa)
   args = () if kind == 'flat' else (jax.random.PRNGKey(1), 'greedy')
-  logits = jax.jit(lambda p, t: model.apply({'params': p}, t, *args)['logits'])
+  logits = jax.jit(lambda p, t: model.apply({'params': p}, t, *args).logits)
   t = 20
   tokens = batch['inputs']
   later = tokens.at[:, t + 1 :].set((tokens[:, t + 1 :] + 101) % 256)

@@ -219,7 +219,8 @@ def test_two_stage_and_flat_checkpoints_run(which, request, manager):
       else (request.getfixturevalue('flat_run'))
   )
   lm = lm_model.TokjaxLM(checkpoint=run, batch_size=8)
-  assert lm.scorer.kind == ('flat' if which == 'flat' else 'hierarchical')
+  assert lm.scorer.model.num_stages == (0 if which == 'flat' else 2)
+  assert lm.scorer.forward_mode == ('sample' if which == 'flat' else 'greedy')
   rep = tasks.evaluate(lm, ['tokjax_mc', 'tokjax_generate'], manager, limit=1)
   assert np.isfinite(rep['results']['tokjax_mc']['cont_bpb,none'])
   assert 'exact_match,none' in rep['results']['tokjax_generate']

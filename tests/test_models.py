@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tokjax.models import boundaries as bd
-from tokjax.models import chunking, flat, hierarchical, layers
+from tokjax.models import chunking, flat, hierarchical, interface, layers
 
 
 def _tokens(key, b=2, l=48):
@@ -45,8 +45,8 @@ def test_flat_model_is_causal(window):
   params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens))
   t = 20
   apply = jax.jit(model.apply)
-  a = apply(params, tokens)['logits']
-  b = apply(params, _perturb_after(tokens, t))['logits']
+  a = apply(params, tokens).logits
+  b = apply(params, _perturb_after(tokens, t)).logits
   np.testing.assert_array_equal(a[:, : t + 1], b[:, : t + 1])
   assert np.abs(a[:, t + 1 :] - b[:, t + 1 :]).max() > 1e-3
 
@@ -75,16 +75,18 @@ def test_hierarchical_model_is_causal_including_boundary_decisions(window, capac
   for t in (0, 9, 30, 62):
     out = apply(params, _perturb_after(tokens, t), key)
     for name in ('logits', 'early_logits'):
-      np.testing.assert_array_equal(base[name][:, : t + 1], out[name][:, : t + 1], err_msg=name)
+      np.testing.assert_array_equal(
+          getattr(base, name)[:, : t + 1], getattr(out, name)[:, : t + 1], err_msg=name
+      )
     for field in ('actions', 'probs', 'log_probs', 'free', 'dropped'):
       np.testing.assert_array_equal(
-          getattr(base['boundaries'], field)[:, : t + 1],
-          getattr(out['boundaries'], field)[:, : t + 1],
+          getattr(base.boundaries, field)[:, : t + 1],
+          getattr(out.boundaries, field)[:, : t + 1],
           err_msg=field,
       )
-    assert np.abs(base['logits'][:, t + 1 :] - out['logits'][:, t + 1 :]).max() > 1e-3
+    assert np.abs(base.logits[:, t + 1 :] - out.logits[:, t + 1 :]).max() > 1e-3
   if capacity == 6:
-    assert base['boundaries'].dropped.sum() > 0  # The overflow path really ran.
+    assert base.boundaries.dropped.sum() > 0  # The overflow path really ran.
 
 
 def test_upsample_uses_latest_complete_chunk_not_the_open_one():
@@ -123,20 +125,20 @@ def test_overflow_never_exceeds_capacity_and_masks_the_gradient(window):
   tokens = _tokens(jax.random.PRNGKey(6), b=4, l=40)
   params = nn.unbox(model.init(key, tokens, key))
   out = model.apply(params, tokens, key)
-  bnd = out['boundaries']
+  bnd = out.boundaries
   assert float(bnd.actions.sum(-1).max()) <= 5
   assert float(bnd.dropped.sum()) > 0
   assert not np.any(np.asarray(bnd.free) & (np.asarray(bnd.dropped) > 0))
-  np.testing.assert_array_equal(out['chunk_valid'].sum(-1), bnd.actions.sum(-1))
+  np.testing.assert_array_equal(out.stages[0].chunk_valid.sum(-1), bnd.actions.sum(-1))
 
   def surrogate(p):
-    b = model.apply(p, tokens, key)['boundaries']
+    b = model.apply(p, tokens, key).boundaries
     return jnp.sum(jnp.where(b.free, b.log_probs, 0.0))
 
   g_free = jax.grad(surrogate)(params)['params']['boundary']['bias']
 
   def surrogate_all(p):
-    b = model.apply(p, tokens, key)['boundaries']
+    b = model.apply(p, tokens, key).boundaries
     return jnp.sum(b.log_probs)
 
   g_all = jax.grad(surrogate_all)(params)['params']['boundary']['bias']
@@ -150,8 +152,8 @@ def test_sequential_sampler_matches_parallel_recomputation():
   key = jax.random.PRNGKey(7)
   tokens = _tokens(jax.random.PRNGKey(8), b=4, l=64)
   params = nn.unbox(model.init(key, tokens, key))
-  sampled = model.apply(params, tokens, key)['boundaries']
-  given = model.apply(params, tokens, None, mode='given', actions=sampled.actions)['boundaries']
+  sampled = model.apply(params, tokens, key).boundaries
+  given = model.apply(params, tokens, None, mode='given', actions=sampled.actions).boundaries
   np.testing.assert_array_equal(sampled.actions, given.actions)
   np.testing.assert_allclose(sampled.log_probs, given.log_probs, atol=1e-6)
   assert float(sampled.actions.sum(-1).max()) <= 10
@@ -194,8 +196,8 @@ def test_off_policy_warm_start_draws_from_the_target_rate_and_reports_importance
   params = nn.unbox(model.init(key, tokens, key))
   params['params']['boundary']['bias'] = jnp.asarray(3.0)  # The policy wants p = 0.95.
   apply = jax.jit(model.apply)
-  off = apply(params, tokens, key, behavior=jnp.asarray(True))['boundaries']
-  on = apply(params, tokens, key, behavior=jnp.asarray(False))['boundaries']
+  off = apply(params, tokens, key, behavior=jnp.asarray(True)).boundaries
+  on = apply(params, tokens, key, behavior=jnp.asarray(False)).boundaries
   interior = lambda x: np.asarray(x)[:, 1:-1]
   assert abs(interior(off.actions).mean() - 0.2) < 0.05
   assert interior(on.actions).mean() > 0.8
@@ -204,3 +206,34 @@ def test_off_policy_warm_start_draws_from_the_target_rate_and_reports_importance
       interior(off.stats['log_ratio']), interior(off.log_probs) - log_mu, rtol=1e-5, atol=1e-5
   )
   np.testing.assert_array_equal(on.stats['log_ratio'], 0.0)
+
+
+def test_flat_model_is_the_zero_stage_case_of_the_interface():
+  """The flat model through `interface.ByteLM`: no stages, no key, one mode; its objective and the
+  evaluator's forward work on it as on any model, called the same way."""
+  from tokjax import config_files, evaluation, losses, models, presets  # pylint: disable=g-import-not-at-top
+
+  c = config_files.load('flat_cpu')
+  presets.tiny(c)
+  model = models.build_model(c)
+  assert (model.num_stages, model.takes_key, model.boundary_modes) == (0, False, ('sample',))
+  args = model.init_args(2, 16)
+  assert len(args) == 1 and args[0].shape == (2, 16)
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), *args))['params']
+  tokens = _tokens(jax.random.PRNGKey(1), 2, 16)
+  key = jax.random.PRNGKey(2)
+  out = model.apply({'params': params}, tokens, key, mode='greedy')
+  assert out.stages == () and out.values is None and out.logits.shape == (2, 16, 258)
+  np.testing.assert_array_equal(out.logits, model.apply({'params': params}, tokens).logits)
+  assert interface.stage_metrics(model, 'rate') == [] and interface.byte_levels(model) == 1
+  targets = jnp.roll(tokens, -1, axis=1)
+  mask = jnp.ones((2, 16), jnp.float32).at[1, 10:].set(0.0)
+  batch = {'inputs': tokens, 'targets': targets, 'mask': mask}
+  loss, (metrics, ce) = losses.objective(c, model)(params, batch, key, 0)
+  want = losses.cross_entropy(out.logits, targets) * mask
+  np.testing.assert_allclose(ce, want, rtol=1e-6)
+  np.testing.assert_allclose(loss, want.sum() / mask.sum(), rtol=1e-6)
+  assert set(metrics) == {'loss', 'bpb'}
+  ce_eval, levels = evaluation._forward(model, 'sample', params, batch, key)  # pylint: disable=protected-access
+  np.testing.assert_allclose(ce_eval, want, rtol=1e-6)
+  assert levels.shape == (2, 1, 16) and not np.any(levels)

@@ -153,9 +153,9 @@ def test_one_stage_is_todays_model_composed_from_its_parts():
   logits, bnd, want = reference(params)
   assert float(bnd.dropped.sum()) > 0  # The overflow path ran.
   out = jax.jit(model.apply)({'params': params}, batch['inputs'], key)
-  np.testing.assert_array_equal(out['boundaries'].actions, bnd.actions)
-  np.testing.assert_allclose(out['logits'], logits, atol=1e-5)
-  assert 'inner' not in out
+  np.testing.assert_array_equal(out.boundaries.actions, bnd.actions)
+  np.testing.assert_allclose(out.logits, logits, atol=1e-5)
+  assert len(out.stages) == 1
   np.testing.assert_allclose(loss, want, rtol=1e-6, atol=1e-6)
   assert not [k for k in metrics if k.startswith('stage')]
 
@@ -180,11 +180,65 @@ def test_second_stage_leaves_stage_zero_unchanged():
   b = jax.jit(two.apply)({'params': p2}, tokens, key)
   for field in ('actions', 'log_probs', 'free', 'dropped'):
     np.testing.assert_array_equal(
-        getattr(a['boundaries'], field), getattr(b['boundaries'], field), err_msg=field
+        getattr(a.boundaries, field), getattr(b.boundaries, field), err_msg=field
     )
-  np.testing.assert_array_equal(a['early_logits'], b['early_logits'])
-  assert float(b['inner'][0]['boundaries'].actions.sum()) > 0
-  assert np.abs(np.asarray(a['logits'] - b['logits'])).max() > 1e-4  # Stage 1 is really there.
+  np.testing.assert_array_equal(a.early_logits, b.early_logits)
+  assert float(b.stages[1].boundaries.actions.sum()) > 0
+  assert np.abs(np.asarray(a.logits - b.logits)).max() > 1e-4  # Stage 1 is really there.
+
+
+def test_two_stage_output_has_the_documented_stage_shapes():
+  """A two-stage model's `ModelOutput`: the shapes of every field of interface.StageOutput, stage 1
+  reading stage 0's chunks, `sample_k`'s rows, and the objective's metrics named by stage_metric."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from tokjax import losses, models  # pylint: disable=g-import-not-at-top
+  from tokjax.models import interface  # pylint: disable=g-import-not-at-top
+
+  c = _small_config(stages=2)
+  model = models.build_model(c)
+  b, l, v, c0, c1 = 4, 32, 258, c.model.capacity, c.stages.capacity[0]
+  assert (model.num_stages, model.takes_key, model.boundary_modes) == (
+      2,
+      True,
+      ('sample', 'greedy'),
+  )
+  params = _init(model, *model.init_args(b, l))
+  batch = _batch(b, l)
+  out = model.apply({'params': params}, batch['inputs'], jax.random.PRNGKey(1))
+  assert out.logits.shape == (b, l, v) and out.values is None and len(out.stages) == 2
+  s0, s1 = out.stages
+  assert s0.boundaries is out.boundaries and s0.early_logits is out.early_logits
+  for stage, n, cap in ((s0, l, c0), (s1, c0, c1)):
+    assert stage.boundaries.actions.shape == stage.valid.shape == (b, n)
+    assert stage.positions.shape == stage.tokens.shape == (b, n)
+    assert stage.early_logits.shape == (b, l, v) and stage.chunk_valid.shape == (b, cap)
+    assert stage.valid.dtype == stage.chunk_valid.dtype == bool
+  assert np.all(s0.valid)
+  np.testing.assert_array_equal(s0.positions, np.broadcast_to(np.arange(l), (b, l)))
+  np.testing.assert_array_equal(s0.tokens, batch['inputs'])
+  np.testing.assert_array_equal(s1.valid, s0.chunk_valid)  # Stage 1 reads stage 0's chunks...
+  ends = np.asarray(s0.boundaries.actions) > 0.5
+  for row in range(b):  # ... each at the byte its chunk ends on (L on empty slots).
+    n = int(s0.chunk_valid[row].sum())
+    np.testing.assert_array_equal(s1.positions[row, :n], np.flatnonzero(ends[row])[:n])
+    assert np.all(np.asarray(s1.positions[row, n:]) == l)
+  k = 3
+  drawn = model.apply(
+      {'params': params}, batch['inputs'], jax.random.PRNGKey(1), k, method='sample_k'
+  )
+  assert drawn.logits.shape == (k * b, l, v) and drawn.early_logits.shape == (b, l, v)
+  assert drawn.stages[1].early_logits.shape == (k * b, l, v)
+  assert drawn.stages[1].valid.shape == (k * b, c0)
+  names = interface.stage_metrics(model, 'rate')
+  assert names == ['rate', 'stage1_rate']
+  _, (metrics, _) = losses.objective(c, model)(params, batch, jax.random.PRNGKey(1), 0)
+  assert set(names) <= set(metrics)
+  np.testing.assert_allclose(
+      metrics['stage1_rate'],
+      float(np.sum(np.asarray(s1.boundaries.actions) * s1.valid) / np.sum(s1.valid)),
+      rtol=1e-5,
+  )
 
 
 # ------------------------------------------------------------------------------ 2. causality
@@ -210,42 +264,42 @@ def test_two_stage_model_is_causal_at_both_levels_with_overflow(w0, w1, inner_wi
   apply = jax.jit(model.apply)
   base = apply(params, tokens, key)
   fields = ('actions', 'probs', 'log_probs', 'free', 'dropped')
-  assert float(base['boundaries'].dropped.sum()) > 0  # Stage 0 overflowed...
-  assert float(base['inner'][0]['boundaries'].dropped.sum()) > 0  # ...and stage 1 too.
+  assert float(base.boundaries.dropped.sum()) > 0  # Stage 0 overflowed...
+  assert float(base.stages[1].boundaries.dropped.sum()) > 0  # ...and stage 1 too.
   for t in (0, 6, 13, 30, 62):
     out = apply(params, _perturb_after(tokens, t), key)
-    logits = [('logits', base['logits'], out['logits'])]
-    logits.append(('early_logits', base['early_logits'], out['early_logits']))
-    logits.append(
-        ('stage1 early', base['inner'][0]['early_logits'], out['inner'][0]['early_logits'])
-    )
+    logits = [('logits', base.logits, out.logits)]
+    logits.append(('early_logits', base.early_logits, out.early_logits))
+    logits.append(('stage1 early', base.stages[1].early_logits, out.stages[1].early_logits))
     for name, x, y in logits:
       np.testing.assert_array_equal(x[:, : t + 1], y[:, : t + 1], err_msg=f'{name} t={t}')
     for field in fields:
       np.testing.assert_array_equal(
-          getattr(base['boundaries'], field)[:, : t + 1],
-          getattr(out['boundaries'], field)[:, : t + 1],
+          getattr(base.boundaries, field)[:, : t + 1],
+          getattr(out.boundaries, field)[:, : t + 1],
           err_msg=f'stage 0 {field} t={t}',
       )
-    s0, s1 = base['inner'][0], out['inner'][0]
-    done = np.asarray(s0['positions'] <= t)  # Stage-1 inputs complete at t.
+    s0, s1 = base.stages[1], out.stages[1]
+    done = np.asarray(s0.positions <= t)  # Stage-1 inputs complete at t.
     for name in ('positions', 'valid', 'tokens'):
       np.testing.assert_array_equal(
-          np.asarray(s0[name])[done], np.asarray(s1[name])[done], err_msg=f'{name} t={t}'
+          np.asarray(getattr(s0, name))[done],
+          np.asarray(getattr(s1, name))[done],
+          err_msg=f'{name} t={t}',
       )
     for field in fields:
       np.testing.assert_array_equal(
-          np.asarray(getattr(s0['boundaries'], field))[done],
-          np.asarray(getattr(s1['boundaries'], field))[done],
+          np.asarray(getattr(s0.boundaries, field))[done],
+          np.asarray(getattr(s1.boundaries, field))[done],
           err_msg=f'stage 1 {field} t={t}',
       )
     for s, (x, y) in enumerate(
         zip(hierarchical.boundaries_in_bytes(base), hierarchical.boundaries_in_bytes(out))
     ):
       np.testing.assert_array_equal(x[:, : t + 1], y[:, : t + 1], err_msg=f'ends {s} t={t}')
-    assert np.abs(np.asarray(base['logits'][:, t + 1 :] - out['logits'][:, t + 1 :])).max() > 1e-3
+    assert np.abs(np.asarray(base.logits[:, t + 1 :] - out.logits[:, t + 1 :])).max() > 1e-3
   # The comparisons covered stage-1 decisions that the policy made (not only forced ones).
-  assert np.any(np.asarray(base['inner'][0]['boundaries'].free))
+  assert np.any(np.asarray(base.stages[1].boundaries.free))
 
 
 def test_inner_windows_are_bytes_on_every_attention_path():
@@ -265,13 +319,11 @@ def test_inner_windows_are_bytes_on_every_attention_path():
   dpa = run(12, 'dot_product')(params, tokens, key)
   full = run(0, 'blocked')(params, tokens, key)
   np.testing.assert_array_equal(
-      dpa['inner'][0]['boundaries'].actions, blocked['inner'][0]['boundaries'].actions
+      dpa.stages[1].boundaries.actions, blocked.stages[1].boundaries.actions
   )
-  np.testing.assert_allclose(dpa['logits'], blocked['logits'], atol=1e-4)
-  np.testing.assert_allclose(
-      dpa['inner'][0]['early_logits'], blocked['inner'][0]['early_logits'], atol=1e-4
-  )
-  assert np.abs(np.asarray(full['logits'] - blocked['logits'])).max() > 1e-2
+  np.testing.assert_allclose(dpa.logits, blocked.logits, atol=1e-4)
+  np.testing.assert_allclose(dpa.stages[1].early_logits, blocked.stages[1].early_logits, atol=1e-4)
+  assert np.abs(np.asarray(full.logits - blocked.logits)).max() > 1e-2
 
 
 @pytest.mark.parametrize(
@@ -359,7 +411,7 @@ def test_each_stage_score_function_is_unbiased_by_exact_enumeration():
 
   def forward(p):
     out = model.apply({'params': p}, tokens, jax.random.PRNGKey(0), 'given', (a0, a1))
-    return out, out['boundaries'], out['inner'][0]
+    return out, out.boundaries, out.stages[1]
 
   cfg = ml_collections.ConfigDict(
       dict(
@@ -397,11 +449,11 @@ def test_each_stage_score_function_is_unbiased_by_exact_enumeration():
     # Every quantity depends on p only through the two stages' log-probabilities (the rate loss is
     # off), so one pullback through the model, batched over the four cotangents, gives all four.
     (out, b0, st1), pullback = jax.vjp(forward, p)
-    b1 = st1['boundaries']
+    b1 = st1.boundaries
     stop = jax.lax.stop_gradient
-    ce_full = stop(losses.cross_entropy(out['logits'], targets))
+    ce_full = stop(losses.cross_entropy(out.logits, targets))
     ce_early = [
-        stop(losses.cross_entropy(e, targets)) for e in (out['early_logits'], st1['early_logits'])
+        stop(losses.cross_entropy(e, targets)) for e in (out.early_logits, st1.early_logits)
     ]
     prob = stop(jnp.exp(log_prob(b0) + log_prob(b1)))
     f = jnp.sum(ce_full, -1)
@@ -414,7 +466,7 @@ def test_each_stage_score_function_is_unbiased_by_exact_enumeration():
     def estimate(lp0, lp1, stage, baseline_ce):
       if stage == 0:
         return jnp.sum(prob * policy_loss(b0.replace(log_probs=lp0), ce_full, baseline_ce, None))
-      loss = policy_loss(b1.replace(log_probs=lp1), ce_full, baseline_ce, st1['positions'])
+      loss = policy_loss(b1.replace(log_probs=lp1), ce_full, baseline_ce, st1.positions)
       return jnp.sum(prob * loss)
 
     lps = (b0.log_probs, b1.log_probs)
@@ -427,8 +479,8 @@ def test_each_stage_score_function_is_unbiased_by_exact_enumeration():
 
     def pull(d0, d1):
       zeros = jax.tree.map(jnp.zeros_like, (out, b0, st1))
-      cot = (zeros[0], zeros[1].replace(log_probs=d0), dict(zeros[2]))
-      cot[2]['boundaries'] = zeros[2]['boundaries'].replace(log_probs=d1)
+      st1_cot = zeros[2].replace(boundaries=zeros[2].boundaries.replace(log_probs=d1))
+      cot = (zeros[0], zeros[1].replace(log_probs=d0), st1_cot)
       return pullback(cot)[0]
 
     stacked = jax.vmap(pull)(*(jnp.stack(x) for x in zip(*cotangents)))
@@ -491,17 +543,15 @@ def test_counterfactual_baselines_are_unbiased_and_measured_by_exact_enumeration
     def log_probs(v):
       """Each stage's log pi of the enumerated actions, as a function of the policies' parameters."""
       o = model.apply({'params': {**p, **unravel(v)}}, tokens, key, 'given', (a0, a1))
-      return (o['boundaries'].log_probs, o['inner'][0]['boundaries'].log_probs), o
+      return (o.boundaries.log_probs, o.stages[1].boundaries.log_probs), o
 
     # d log pi[s][row, t] / d (stage s's params): one forward-mode pass per parameter.
     flat, unravel = jax.flatten_util.ravel_pytree({k: p[k] for k in names})
     jac, out = jax.jacfwd(log_probs, has_aux=True)(flat)
     out = jax.lax.stop_gradient(out)
-    ce_full = losses.cross_entropy(out['logits'], targets)
-    st1 = out['inner'][0]
-    ce_early = [
-        losses.cross_entropy(e, targets) for e in (out['early_logits'], st1['early_logits'])
-    ]
+    ce_full = losses.cross_entropy(out.logits, targets)
+    st1 = out.stages[1]
+    ce_early = [losses.cross_entropy(e, targets) for e in (out.early_logits, st1.early_logits)]
 
     def alone(mode, given):
       """CE of the counterfactual of each row, drawn one row at a time with the same key: in training
@@ -510,15 +560,15 @@ def test_counterfactual_baselines_are_unbiased_and_measured_by_exact_enumeration
 
       def one(t, y, a):
         o = model.apply({'params': p}, t[None], key, mode, None if a is None else (a[None], None))
-        ce = losses.cross_entropy(o['logits'], y[None])[0]
-        return jax.lax.stop_gradient(ce), o['inner'][0]['boundaries'].actions[0]
+        ce = losses.cross_entropy(o.logits, y[None])[0]
+        return jax.lax.stop_gradient(ce), o.stages[1].boundaries.actions[0]
 
       return jax.vmap(one, (0, 0, None if given is None else 0))(tokens, targets, given)
 
     ce_cf1, cf1_actions = alone(('given', 'sample'), a0)
     ce_greedy1, _ = alone(('given', 'greedy'), a0)
-    bnds = (out['boundaries'], st1['boundaries'])
-    positions = (None, st1['positions'])
+    bnds = (out.boundaries, st1.boundaries)
+    positions = (None, st1.positions)
 
     def coefficients(s, baseline_ce, rows):
       """d (stage s's loss of row i with baseline row baseline_ce[i]) / d log pi[s][rows[i]]."""

@@ -126,7 +126,7 @@ def test_generation_draws_both_levels_as_one_forward_pass_would(ckpt):
   ref = np.stack(jax.device_get(hierarchical.boundaries_in_bytes(out)), axis=1)[:, :, :-1]
   np.testing.assert_array_equal(actions, ref)
   np.testing.assert_allclose(
-      gen['logits'].swapaxes(0, 1), np.asarray(out['logits'])[:, :-1], atol=1e-4
+      gen['logits'].swapaxes(0, 1), np.asarray(out.logits)[:, :-1], atol=1e-4
   )
   assert np.all(actions[:, 1] <= actions[:, 0])  # Stage-1 ends are stage-0 ends.
   assert 0 < actions[:, 1, 1:].sum() < actions[:, 0, 1:].sum() < actions[:, 0, 1:].size

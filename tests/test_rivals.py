@@ -93,21 +93,23 @@ def test_every_method_is_causal(method, tokenizer_json, tmp_path):
   apply = jax.jit(model.apply, static_argnames='mode')
   kwargs = {}
   if method == 'bpe':
-    given = apply(params, tokens, key)['boundaries'].actions
+    given = apply(params, tokens, key).boundaries.actions
     kwargs = dict(mode='given', actions=given)
   for t in (17, 30):
     a = apply(params, tokens, key, **kwargs)
     b = apply(params, _perturb_after(tokens, t), key, **kwargs)
     for name in ('logits', 'early_logits'):
-      np.testing.assert_allclose(a[name][:, : t + 1], b[name][:, : t + 1], atol=1e-5, err_msg=name)
+      np.testing.assert_allclose(
+          getattr(a, name)[:, : t + 1], getattr(b, name)[:, : t + 1], atol=1e-5, err_msg=name
+      )
     for name in ('probs', 'actions'):
       np.testing.assert_allclose(
-          getattr(a['boundaries'], name)[:, : t + 1],
-          getattr(b['boundaries'], name)[:, : t + 1],
+          getattr(a.boundaries, name)[:, : t + 1],
+          getattr(b.boundaries, name)[:, : t + 1],
           atol=1e-5,
           err_msg=name,
       )
-    assert np.abs(a['logits'][:, t + 1 :] - b['logits'][:, t + 1 :]).max() > 1e-4
+    assert np.abs(a.logits[:, t + 1 :] - b.logits[:, t + 1 :]).max() > 1e-4
 
 
 @pytest.mark.parametrize('method', ['hnet', 'gumbel'])
@@ -119,7 +121,7 @@ def test_straight_through_methods_get_lm_gradient(method):
   params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens, key))['params']
 
   def lm_loss(p):
-    logits = model.apply({'params': p}, tokens, key)['logits']
+    logits = model.apply({'params': p}, tokens, key).logits
     return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], tokens[:, 1:]).mean()
 
   grads = jax.jit(jax.grad(lm_loss))(params)['boundary']
@@ -223,10 +225,10 @@ def test_sampling_flag_matches_what_sample_mode_does(method, tokenizer_json, tmp
   params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens, jax.random.PRNGKey(1)))
   apply = jax.jit(model.apply, static_argnames='mode')
   draws = [
-      np.asarray(apply(params, tokens, jax.random.PRNGKey(k))['boundaries'].actions) for k in (1, 2)
+      np.asarray(apply(params, tokens, jax.random.PRNGKey(k)).boundaries.actions) for k in (1, 2)
   ]
   greedy = np.asarray(
-      apply(params, tokens, jax.random.PRNGKey(1), mode='greedy')['boundaries'].actions
+      apply(params, tokens, jax.random.PRNGKey(1), mode='greedy').boundaries.actions
   )
   if registry.get(method).sampling:
     assert not np.array_equal(draws[0], draws[1])
@@ -241,7 +243,7 @@ def test_entropy_method_does_not_start_at_rate_one():
   model = _model(entropy.EntropySpikes(target_rate=0.2, capacity=L))
   tokens = _text_tokens(4, b=4)
   params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens, jax.random.PRNGKey(1)))
-  bnd = model.apply(params, tokens, jax.random.PRNGKey(1))['boundaries']
+  bnd = model.apply(params, tokens, jax.random.PRNGKey(1)).boundaries
   assert float(bnd.stats['entropy_threshold']) > np.log(258)
   assert float(jnp.mean(bnd.actions[:, 1:-1])) < 0.2
 
@@ -267,7 +269,7 @@ def test_independent_policy_starts_at_the_target_rate_at_large_width():
   rates = []
   for seed in range(4):
     params = nn.unbox(model.init(jax.random.PRNGKey(seed), tokens, jax.random.PRNGKey(0)))
-    probs = model.apply(params, tokens, jax.random.PRNGKey(1))['boundaries'].probs
+    probs = model.apply(params, tokens, jax.random.PRNGKey(1)).boundaries.probs
     rates.append(float(jnp.mean(probs[:, 1:-1])))
   assert abs(np.mean(rates) - 0.2) < 0.01, rates
 
@@ -280,7 +282,7 @@ def test_sequential_policy_starts_exactly_at_the_target_rate():
   params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens, jax.random.PRNGKey(0)))
   proj = params['params']['boundary']['proj']
   proj['kernel'] = jnp.zeros_like(proj['kernel'])
-  probs = model.apply(params, tokens, jax.random.PRNGKey(1))['boundaries'].probs
+  probs = model.apply(params, tokens, jax.random.PRNGKey(1)).boundaries.probs
   np.testing.assert_allclose(np.asarray(probs), 0.2, atol=1e-6)
 
 

@@ -63,7 +63,7 @@ def test_windows_leave_no_seams():
   )
   long = jnp.asarray([[BOS_ID] + list(text) + [PAD_ID]], jnp.int32)
   big = model.clone(capacity=long.shape[1], boundary=model.boundary.clone(capacity=long.shape[1]))
-  ref = big.apply({'params': params}, long, jax.random.PRNGKey(0), mode='greedy')['boundaries']
+  ref = big.apply({'params': params}, long, jax.random.PRNGKey(0), mode='greedy').boundaries
   assert actions.shape == probs.shape == (1, len(text))  # [levels, bytes]: one stage.
   actions, probs = actions[0], probs[0]
   np.testing.assert_allclose(probs, np.asarray(ref.probs[0, 1:-1]), atol=1e-5)

@@ -60,8 +60,8 @@ def test_variant_trains_and_each_level_follows_its_method(variant):
   levels = [np.asarray(a) for a in hierarchical.boundaries_in_bytes(out)]
   assert np.all(levels[1] <= levels[0])  # A stage-1 chunk ends where a stage-0 chunk ends.
   assert np.all(levels[1][:, -1] == 1)  # The last byte closes a chunk at every level.
-  inner = out['inner'][0]
-  valid, acts = np.asarray(inner['valid']), np.asarray(inner['boundaries'].actions)
+  inner = out.stages[1]
+  valid, acts = np.asarray(inner.valid), np.asarray(inner.boundaries.actions)
   if variant == 'stride':
     # Stage 0: every 5th byte; stage 1: every 3rd stage-0 chunk (forced first and last aside).
     assert np.array_equal(levels[0][0, 4:-1:5], np.ones_like(levels[0][0, 4:-1:5]))
@@ -93,11 +93,11 @@ def test_leave_one_out_baseline_applies_at_every_stage():
   out = draw(params, batch['inputs'], jax.random.PRNGKey(2))
   tile = lambda x: jnp.tile(x, (k, 1))
   targets, mask = tile(batch['targets']), tile(batch['mask'])
-  ce_full = losses.cross_entropy(out['logits'], targets) * mask
+  ce_full = losses.cross_entropy(out.logits, targets) * mask
   # The two draws differ at both levels.
   levels = hierarchical.boundaries_in_bytes(out)
   assert all(not np.array_equal(x[:b], x[b:]) for x in map(np.asarray, levels))
-  ce_early = losses.cross_entropy(out['inner'][0]['early_logits'], targets) * mask
+  ce_early = losses.cross_entropy(out.stages[1].early_logits, targets) * mask
   r = estimator.rewards(ce_full, ce_early, c.estimator.reward) * mask
   adv, _, _, _ = estimator.advantages_and_returns(r, mask, c.estimator)
   np.testing.assert_allclose(np.asarray(adv[:b] + adv[b:]), 0.0, atol=1e-5)
@@ -124,23 +124,23 @@ def test_inner_straight_through_factor_follows_the_executed_action(method):
   def gates(p):
     # Greedy: Gumbel's relaxed value is sigmoid(logit / tau) = its probs at tau = 1.
     out = model.apply(p, tokens, jax.random.PRNGKey(2), mode='greedy')
-    bnd = out['inner'][0]['boundaries']
+    bnd = out.stages[1].boundaries
     return bnd.chunk_gate, common.ste_gate(jax.lax.stop_gradient(bnd.actions), bnd.probs)
 
   @jax.jit
   def measure(p):
     """Both gates, the inner boundaries and the gradients of a weighted sum of each gate."""
-    out = model.apply(p, tokens, jax.random.PRNGKey(2), mode='greedy')['inner'][0]
-    weights = jax.random.normal(jax.random.PRNGKey(3), out['valid'].shape) * out['valid']
+    out = model.apply(p, tokens, jax.random.PRNGKey(2), mode='greedy').stages[1]
+    weights = jax.random.normal(jax.random.PRNGKey(3), out.valid.shape) * out.valid
     (got, want), pullback = jax.vjp(gates, p)
     zero = jnp.zeros_like(got)
     grads = (pullback((weights, zero))[0], pullback((zero, weights))[0])
     return got, want, out, grads
 
   got, want, out, (g_got, g_want) = measure(params)
-  valid = np.asarray(out['valid'])
+  valid = np.asarray(out.valid)
   n = valid.sum(-1)
-  probs = np.asarray(out['boundaries'].probs)[np.arange(len(n)), n - 1]
+  probs = np.asarray(out.boundaries.probs)[np.arange(len(n)), n - 1]
   # The rule alone would not close the last valid position in some row (so the factor there matters).
   assert np.any((probs < 0.5) & (n < valid.shape[1])), probs
   np.testing.assert_allclose(got, want, atol=1e-6)

@@ -169,12 +169,8 @@ def total_bytes(mem) -> int:
 
 def compile_train_step(trainer):
   """The Trainer's jitted train step compiled for its mesh on abstract state and batch."""
-  from tokjax import sharding  # pylint: disable=g-import-not-at-top
-
   batch, key = abstract_inputs(trainer.config, trainer.mesh)
-  with sharding.use(trainer.mesh, trainer.config.mesh):
-    lowered = trainer._train_step.lower(trainer.abstract_state, batch, key)  # pylint: disable=protected-access
-    return lowered.compile()
+  return trainer.lower_train_step(trainer.abstract_state, batch, key).compile()
 
 
 def abstract_inputs(config, mesh):
@@ -233,7 +229,7 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
       'analytic_flops_per_device': analytic / len(devices),
       # The method's work with the main network on target_rate * L chunks (MFU counts these).
       'model_flops_per_step_at_target_rate': flops.step_flops(config, config.boundary.target_rate)
-      if config.model.kind == 'hierarchical'
+      if trainer.model.num_stages
       else analytic,
   }
   # The memory options (config_defaults: model.remat/scan_layers/attention, optim.grad_accum_steps).
@@ -278,10 +274,9 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
     report['fits'] = True  # It compiled and the device has no known capacity (simulated CPU).
   if compile_eval:
     report['eval'] = {}
-    for mode, step in trainer._eval_steps.items():  # pylint: disable=protected-access
+    for mode in trainer.model.boundary_modes:
       t0 = time.perf_counter()
-      with sharding.use(mesh, config.mesh):
-        c = step.lower(state.params, batch, key).compile()
+      c = trainer.lower_eval_step(state.params, batch, key, mode).compile()
       m = c.memory_analysis()
       report['eval'][mode] = {
           'compile_s': time.perf_counter() - t0,

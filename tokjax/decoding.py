@@ -45,7 +45,7 @@ import numpy as np
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 from tokjax.models import boundaries as bd
-from tokjax.models import chunking, flat, hierarchical, layers
+from tokjax.models import chunking, interface, layers
 
 
 def check_supported(model) -> None:
@@ -252,12 +252,10 @@ def stage_keys(key):
 
 def stage_boundaries(model, params, tokens, key, mode: str):
   """One forward pass: tokens int32[B, N] -> (next-byte logits float32[B, N, V], every stage's chunk
-  ends on bytes float32[B, S, N] (`hierarchical.boundaries_in_bytes`))."""
-  if isinstance(model, flat.FlatByteLM):  # No boundaries: one level of zeros.
-    logits = model.apply({'params': params}, tokens)['logits']
-    return logits, jnp.zeros((tokens.shape[0], 1, tokens.shape[1]), jnp.float32)
+  ends on bytes float32[B, S, N] (`interface.levels_on_bytes`: one level of zeros for a model
+  without stages))."""
   out = model.apply({'params': params}, tokens, key, mode=mode)
-  return out['logits'], jnp.stack(hierarchical.boundaries_in_bytes(out), axis=1)
+  return out.logits, interface.levels_on_bytes(out)
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'num_bytes', 'mode', 'temperature', 'top_k'))
@@ -285,8 +283,8 @@ def generate_stages(
   b, p = prompt.shape
   n = p + num_bytes
   lengths = jnp.full((b,), p, jnp.int32) if lengths is None else lengths
-  stages = 1 if isinstance(model, flat.FlatByteLM) else model.stages
-  if not isinstance(model, flat.FlatByteLM):
+  stages = interface.byte_levels(model)
+  if model.num_stages:
     model = with_capacity(model, n + 1)
   k_bnd, k_bytes = stage_keys(key)
   tokens0 = jnp.concatenate([prompt, jnp.full((b, num_bytes + 1), PAD_ID, jnp.int32)], axis=1)
@@ -344,8 +342,7 @@ def slide(
   Yields, after every step, one (new bytes, their boundaries float32[S, n]) per prompt (empty once a
   row has all its bytes); the caller may stop early (stop strings).
   """
-  is_flat = isinstance(model, flat.FlatByteLM)
-  fast = not is_flat and model.stages == 1 and isinstance(model.boundary, bd.BoundaryPolicy)
+  fast = model.num_stages == 1 and isinstance(model.boundary, bd.BoundaryPolicy)
   keep = window // 2
   first_keep = window - 1 - min(max_bytes, window - 1 - keep)
   texts = [bytes(p)[-window:] for p in prompts]

@@ -175,9 +175,10 @@ def run_evaluation(
   splits = load_split(config, corpus, split)
   docs = splits[split]
   bpe_info, starts = None, None
-  if bpe and config.model.kind == 'hierarchical' and not has_tokenizers():
+  has_boundaries = ckpt.model.num_stages > 0
+  if bpe and has_boundaries and not has_tokenizers():
     print('note: the `tokenizers` package is not installed: the BPE columns are skipped.')
-  elif bpe and config.model.kind == 'hierarchical':
+  elif bpe and has_boundaries:
     from tokjax.models.rivals import bpe as bpe_rival  # pylint: disable=g-import-not-at-top
 
     tok, vocab, rate = bpe_rival.fit_tokenizer(

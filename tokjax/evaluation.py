@@ -25,7 +25,7 @@ batches):
            metrics' definition; a caller's own references (`run(references=...)`) add
            {name}_{precision,recall,f1} at every level.
   stage{s}_* (models with S > 1 stages, s = 1..S-1) the same statistics of stage s's chunk ends on
-           bytes (`hierarchical.boundaries_in_bytes`): rate is per chunk of stage s - 1 (stage s's
+           bytes (`interface.boundaries_in_bytes`): rate is per chunk of stage s - 1 (stage s's
            input positions, as the training metric stage{s}_rate), bytes_per_chunk is bytes per
            stage-s chunk, whitespace_*, line_* and chunk_hist as above; no BPE scores (the BPE
            reference is fitted to stage 0's rate).
@@ -35,12 +35,11 @@ import functools
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from tokjax import boundary_stats, losses, sharding
 from tokjax.data import pipeline
-from tokjax.models import hierarchical
+from tokjax.models import interface
 
 PRF = ('precision', 'recall', 'f1')  # The statistics of a reference with an F1 (not line ends).
 SE_LABEL = '+- s.e. (ratio estimator over documents)'
@@ -120,16 +119,12 @@ def paired_difference(ce_a, ce_b, nbytes) -> dict:
   }
 
 
-def _forward(model, kind, mode, params, batch, key):
+def _forward(model, mode, params, batch, key):
   """-> (CE nats float32[B, L], zero where mask is 0; executed boundaries of every stage on bytes
-  float32[B, S, L], S = 1 for the flat and the one-stage model)."""
-  if kind == 'flat':
-    out = model.apply({'params': params}, batch['inputs'])
-    actions = jnp.zeros(batch['inputs'].shape, jnp.float32)[:, None]
-  else:
-    out = model.apply({'params': params}, batch['inputs'], key, mode=mode)
-    actions = jnp.stack(hierarchical.boundaries_in_bytes(out), axis=1).astype(jnp.float32)
-  return losses.cross_entropy(out['logits'], batch['targets']) * batch['mask'], actions
+  float32[B, S, L] (`interface.levels_on_bytes`: one level of zeros for a model without stages))."""
+  out = model.apply({'params': params}, batch['inputs'], key, mode=mode)
+  ce = losses.cross_entropy(out.logits, batch['targets']) * batch['mask']
+  return ce, interface.levels_on_bytes(out)
 
 
 class Evaluator:
@@ -142,12 +137,12 @@ class Evaluator:
   def __init__(self, trainer):
     self.trainer = trainer
     self.config = trainer.config
-    self.hierarchical = self.config.model.kind == 'hierarchical'
-    self.modes = ('sample', 'greedy') if self.hierarchical else ('sample',)
+    self.has_boundaries = trainer.model.num_stages > 0
+    self.modes = trainer.model.boundary_modes
     replicated = jax.sharding.NamedSharding(trainer.mesh, jax.sharding.PartitionSpec())
     self._forwards = {
         mode: jax.jit(
-            functools.partial(_forward, trainer.model, self.config.model.kind, mode),
+            functools.partial(_forward, trainer.model, mode),
             in_shardings=(
                 trainer.state_sharding.params,
                 sharding.batch_sharding(trainer.mesh),
@@ -225,7 +220,7 @@ class Evaluator:
       bytes_doc += np.bincount(tdoc, minlength=num_docs)
       ce_unit += np.bincount(tunit, weights=ce[mask], minlength=num_units)
       bytes_unit += np.bincount(tunit, minlength=num_units)
-      if not self.hierarchical:
+      if not self.has_boundaries:
         continue
       marks = boundary_stats.masks(refs, batch['inputs'], pos)
       ends = [level > 0.5 for level in actions.swapaxes(0, 1)]
@@ -250,7 +245,6 @@ class Evaluator:
         [c['whitespace'].ends for c in levels], levels[0]['whitespace'].valid
     )
     for s, (c, hist, rate) in enumerate(zip(levels, hists, rates)):
-      prefix = f'stage{s}_' if s else ''
       # Stage s >= 1 decides once per chunk of stage s - 1: its rate is per such chunk.
       stats = {'rate': float(rate), 'bytes_per_chunk': float(c['whitespace'].bytes_per_chunk)}
       for name in [r for r in ('whitespace', 'bpe') if r in c]:
@@ -259,7 +253,7 @@ class Evaluator:
       for name in [r for r in refs if r not in boundary_stats.BUILTIN]:
         stats.update({f'{name}_{k}': float(getattr(c[name], k)) for k in PRF})
       stats['chunk_hist'] = boundary_stats.histogram_dict(hist)
-      m.update({prefix + k: v for k, v in stats.items()})
+      m.update({interface.stage_metric(s, k): v for k, v in stats.items()})
     if counts:
       m['counts'] = levels
     return m

@@ -25,6 +25,7 @@ Two counts, both from `step_flops`:
 
 import time
 
+from tokjax import models
 from tokjax.data import VOCAB_SIZE
 
 TRAIN_MULTIPLIER = 3  # Forward + backward (gradients w.r.t. activations and weights).
@@ -69,10 +70,10 @@ def forward_flops_per_sequence(config, rate=None) -> float:
   m, seq = config.model, config.data.seq_len
   d, v = m.d_model, VOCAB_SIZE
   executed = rate is None
-  if m.kind == 'flat':
+  stages = models.num_stages(config)
+  if not stages:
     keys = _window_keys(seq, m.byte_window, executed)
     return m.num_layers * _block(seq, d, m.mlp_ratio * d, keys) + 2 * seq * d * v
-  stages = config.model.get('stages', 1)
   rates = () if executed else (tuple(rate) if isinstance(rate, (tuple, list)) else (rate,))
   byte_keys = _window_keys(seq, m.byte_window, executed)
   total = (m.encoder_layers + m.decoder_layers) * _block(seq, d, m.byte_mlp_ratio * d, byte_keys)

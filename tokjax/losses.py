@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from tokjax import boundary_stats, estimator
-from tokjax.models import registry
+from tokjax.models import interface, registry
 
 LN2 = math.log(2.0)
 
@@ -50,7 +50,7 @@ def boundary_metrics(tokens, actions, mask, dropped=None):
 def objective(config, model, mode: str = 'sample'):
   """(params, batch, key, step) -> (loss, (metrics, ce float32[B, L])) for this config's model
   (`models.build_model(config)`)."""
-  if config.model.kind == 'flat':
+  if not model.num_stages:
     return functools.partial(flat_objective, model)
   return functools.partial(hierarchical_objective, model, cfg=config, mode=mode)
 
@@ -59,7 +59,7 @@ def flat_objective(model, params, batch, key, step):
   """Mean next-byte CE of the flat model. Returns (loss, (metrics, per-position CE float32[B, L]))."""
   del key, step
   mask = batch['mask']
-  ce = cross_entropy(model.apply({'params': params}, batch['inputs'])['logits'], batch['targets'])
+  ce = cross_entropy(model.apply({'params': params}, batch['inputs']).logits, batch['targets'])
   loss = masked_mean(ce, mask)
   return loss, ({'loss': loss, 'bpb': loss / LN2}, ce * mask)
 
@@ -83,18 +83,18 @@ def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample'):
     out = model.apply(
         {'params': params}, inputs, key, draws, mode=mode, method='sample_k', **kwargs
     )
-    ce_early = jnp.tile(cross_entropy(out['early_logits'], targets) * mask, (draws, 1))
+    ce_early = jnp.tile(cross_entropy(out.early_logits, targets) * mask, (draws, 1))
     tile = lambda x: jnp.tile(x, (draws, 1))
     inputs, targets, mask = tile(inputs), tile(targets), tile(mask)
   else:
     out = model.apply({'params': params}, inputs, key, mode=mode, **kwargs)
-    ce_early = cross_entropy(out['early_logits'], targets) * mask
-  bnd = out['boundaries']
-  ce_full = cross_entropy(out['logits'], targets) * mask
+    ce_early = cross_entropy(out.early_logits, targets) * mask
+  bnd = out.boundaries
+  ce_full = cross_entropy(out.logits, targets) * mask
   loss_full, loss_early = masked_mean(ce_full, mask), masked_mean(ce_early, mask)
-  inner = out.get('inner', [])
+  inner = out.stages[1:]
   # Early exits: stage 0's, and with S stages the mean over the S heads (each trained by its CE).
-  ce_early_inner = [cross_entropy(st['early_logits'], targets) * mask for st in inner]
+  ce_early_inner = [cross_entropy(st.early_logits, targets) * mask for st in inner]
   loss_early_all = (loss_early + sum(masked_mean(c, mask) for c in ce_early_inner)) / (
       1 + len(inner)
   )
@@ -102,7 +102,7 @@ def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample'):
   metrics = {'bpb': loss_full / LN2, 'bpb_early': loss_early / LN2}
   if score_function:
     rl_loss, rl_metrics = estimator.score_function_terms(
-        ce_full, ce_early, bnd, mask, est, values=out.get('values')
+        ce_full, ce_early, bnd, mask, est, values=out.values
     )
     loss = loss + rl_loss
     metrics.update(rl_metrics)
@@ -111,14 +111,14 @@ def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample'):
   for s, (st, ce_early_s) in enumerate(zip(inner, ce_early_inner), start=1):
     stage_loss, stage_metrics = inner_stage_terms(cfg, s, st, ce_full, ce_early_s, mask)
     loss = loss + stage_loss
-    metrics.update({f'stage{s}_{k}': v for k, v in stage_metrics.items()})
+    metrics.update({interface.stage_metric(s, k): v for k, v in stage_metrics.items()})
   metrics['loss'] = loss
   # CE of the first draw only: callers count bytes over the B rows of the batch.
   return loss, (metrics, ce_full[: batch['mask'].shape[0]])
 
 
 def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask):
-  """The losses and metrics of stage s >= 1 (`stage`: one entry of the model's out['inner']).
+  """The losses and metrics of stage s >= 1 (`stage`: the model output's `StageOutput` s).
 
   Returns (loss: scalar, metrics: dict of scalars): the method's auxiliary loss, its score-function
   terms against this stage's own early exit with its own settings (`estimator.stage_settings`; when
@@ -126,7 +126,7 @@ def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask):
   boundary statistics: rate per input position (per chunk of stage s - 1), bytes per chunk of stage
   s, alignment of its boundaries to whitespace and line ends, overflow.
   """
-  bnd, valid = stage['boundaries'], stage['valid'].astype(jnp.float32)
+  bnd, valid = stage.boundaries, stage.valid.astype(jnp.float32)
   method = registry.get(cfg.stages.method[s - 1])
   loss = bnd.aux_loss
   metrics = {'bpb_early': masked_mean(ce_early, mask) / LN2}
@@ -137,12 +137,12 @@ def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask):
         bnd,
         mask,
         estimator.stage_settings(cfg, s),
-        positions=stage['positions'],
+        positions=stage.positions,
         target_rate=cfg.stages.target_rate[s - 1],
     )
     loss = loss + rl_loss
     metrics.update(rl_metrics)
-  stats = boundary_metrics(stage['tokens'], bnd.actions, valid, bnd.dropped * valid)
+  stats = boundary_metrics(stage.tokens, bnd.actions, valid, bnd.dropped * valid)
   del stats['whitespace_recall']  # Per byte, not per chunk: see stage 0's.
   stats['bytes_per_chunk'] = jnp.sum(mask) / jnp.maximum(jnp.sum(bnd.actions * valid), 1.0)
   metrics.update(stats)

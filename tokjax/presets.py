@@ -5,7 +5,7 @@ smoke-test shrink `tiny` (the `,tiny` option of config variants, the experiments
 
 import ml_collections
 
-from tokjax import config_defaults
+from tokjax import config_defaults, models
 
 # The paper's reference setups: d, heads, down/mid/up, seq, batch, lr, bytes, corpus.
 PAPER_SIZES = {
@@ -103,7 +103,7 @@ def tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Shrinks a CPU config to smoke-test size in place (the experiments' --tiny): d_model 32, 1 main
   layer, L = 64, B = 4, one eval batch."""
   c.model.update(d_model=32, num_heads=2, main_layers=1, capacity=32)
-  c.model.byte_window = 16 if c.model.kind == 'hierarchical' else 0
+  c.model.byte_window = 16 if models.num_stages(c) else 0
   c.data.update(seq_len=64, batch_size=4)
   c.eval.update(batch_size=4, max_batches=1)
   c.optim.warmup_steps = 2

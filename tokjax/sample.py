@@ -45,7 +45,7 @@ def run_generation(
   which has no cached path) once; returns its outputs, the text, its boundaries 'actions' float32[S,
   n] (every level on bytes), the chunk-marked text and the speed (bytes per second, compilation
   excluded)."""
-  stages = getattr(model, 'stages', 1)
+  stages = model.num_stages
   if stages > 1 and cached:
     raise UserError(f'a {stages}-stage model generates without caches; pass --no_cache.')
   tokens = decoding.encode_prompt(prompt)
@@ -133,12 +133,12 @@ def main(argv):
   if f.top_k < 0 or f.temperature < 0:
     raise UserError('--top_k and --temperature must not be negative.')
   ckpt = checkpointing.load_checkpoint(f.checkpoint, f.step)
-  if ckpt.config.model.kind != 'hierarchical':
+  if not ckpt.model.num_stages:
     raise UserError(
         f'{f.checkpoint} holds a flat model; generation with boundaries needs a '
         'hierarchical one.'
     )
-  stages = ckpt.model.stages
+  stages = ckpt.model.num_stages
   if stages == 1:
     decoding.check_supported(ckpt.model)
   elif f.compare:

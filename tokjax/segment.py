@@ -170,7 +170,7 @@ def segment_file(
   text = read_text(file)
   ckpt = checkpointing.load_checkpoint(checkpoint, step)
   config = ckpt.config
-  if config.model.kind != 'hierarchical':
+  if not ckpt.model.num_stages:
     raise UserError(
         f'{checkpoint} holds a flat model, which makes no chunks; pass a run of a '
         'hierarchical model.'

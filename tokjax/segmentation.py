@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tokjax.data import BOS_ID, PAD_ID
-from tokjax.models import hierarchical, stage_views
+from tokjax.models import interface, stage_views
 
 
 def encode_window(text: bytes, seq_len: int) -> np.ndarray:
@@ -49,19 +49,19 @@ def level_boundaries(out):
   """Every stage's chunk ends and boundary probabilities on bytes, from the model's output.
 
   Returns (actions, probs): float32[B, S, L]. Level 0 is stage 0's own (per byte). At level s >= 1,
-  actions is 1 at the last byte of each stage-s chunk (`hierarchical.boundaries_in_bytes`) and probs
+  actions is 1 at the last byte of each stage-s chunk (`interface.boundaries_in_bytes`) and probs
   holds stage s's probability for the stage-(s-1) chunk ending at that byte (0 at bytes that end no
   stage-(s-1) chunk, where stage s decides nothing).
   """
-  first = out['boundaries']
+  first = out.boundaries
   b, l = first.probs.shape
   probs = [first.probs]
-  for stage in out.get('inner', []):
-    at = jnp.where(stage['valid'], stage['positions'], l)  # Padding lands out of range: dropped.
+  for stage in out.stages[1:]:
+    at = jnp.where(stage.valid, stage.positions, l)  # Padding lands out of range: dropped.
     rows = jnp.broadcast_to(jnp.arange(b)[:, None], at.shape)
     zeros = jnp.zeros((b, l), first.probs.dtype)
-    probs.append(zeros.at[rows, at].set(stage['boundaries'].probs, mode='drop'))
-  actions = jnp.stack(hierarchical.boundaries_in_bytes(out), axis=1)
+    probs.append(zeros.at[rows, at].set(stage.boundaries.probs, mode='drop'))
+  actions = jnp.stack(interface.boundaries_in_bytes(out), axis=1)
   return actions.astype(jnp.float32), jnp.stack(probs, axis=1).astype(jnp.float32)
 
 
@@ -177,7 +177,7 @@ def segment_text(
   """
   n = len(text)
   if n == 0:
-    stages = getattr(model, 'stages', 1)
+    stages = interface.byte_levels(model)
     return np.zeros((stages, 0), np.float32), np.zeros((stages, 0), np.float32)
   step = seq_len - 2 - overlap
   if step < 1:

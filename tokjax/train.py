@@ -42,7 +42,7 @@ from tokjax import (
 from tokjax.data import pipeline
 from tokjax.errors import Interrupted, UserError
 from tokjax.metric_writers import MetricWriter, plot_curves, read_metrics
-from tokjax.models import stage_views
+from tokjax.models import interface
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
   _CONFIG = config_flags.DEFINE_config_file(
@@ -139,7 +139,7 @@ class Reporter:
 
   def __init__(self, config, trainer, data, start_step: int, restored: bool):
     self.config, self.trainer, self.data = config, trainer, data
-    self.hierarchical = config.model.kind == 'hierarchical'
+    self.stages = trainer.model.num_stages  # Levels of boundaries the lines and metrics report.
     self.total, self.start_step = config.train.steps, start_step
     self.ref = data.reference_bpb('val')
     self.writer = MetricWriter(
@@ -186,16 +186,15 @@ class Reporter:
     metrics = jax.device_get(metrics)
     now = time.time()
     rate = None
-    if self.hierarchical:  # Stage 0's chunks per byte, then each inner stage's rate.
-      stages = range(1, stage_views.stage_count(self.config))
-      rate = (float(metrics['rate']),) + tuple(float(metrics[f'stage{s}_rate']) for s in stages)
+    if self.stages:  # Stage 0's chunks per byte, then each inner stage's rate.
+      rate = tuple(float(metrics[k]) for k in interface.stage_metrics(self.trainer.model, 'rate'))
     speed = self.throughput(done - self.last_step, now - self.last_t, rate)
     eta = (self.total - done) * (now - self.t0) / max(done - self.start_step, 1)
     self.writer.write(done, 'train', dict(metrics, **speed))
     extra = (
         f' | rate {metrics["rate"]:.3f} ws {metrics["whitespace_recall"]:.2f}'
         + ''.join(f' | stage {s} rate {r:.3f}' for s, r in enumerate(rate[1:], start=1))
-        if self.hierarchical
+        if self.stages
         else ''
     )
     print(
@@ -210,15 +209,15 @@ class Reporter:
   def val(self, done: int, val: dict, params, key) -> None:
     self.writer.write(done, 'val', val)
     ref = self.ref
-    greedy = f' (greedy {val["greedy_bpb"]:.4f})' if self.hierarchical else ''
+    greedy = f' (greedy {val["greedy_bpb"]:.4f})' if self.stages else ''
     seg = (
         f' | rate {val["rate"]:.3f} ws {val["whitespace_recall"]:.2f} greedy ws '
         f'{val["greedy_whitespace_recall"]:.2f}'
         + ''.join(
-            f' | stage {s} rate {val[f"stage{s}_rate"]:.3f}'
-            for s in range(1, stage_views.stage_count(self.config))
+            f' | stage {s} rate {val[interface.stage_metric(s, "rate")]:.3f}'
+            for s in range(1, self.stages)
         )
-        if self.hierarchical
+        if self.stages
         else ''
     )
     print(
@@ -227,7 +226,7 @@ class Reporter:
         flush=True,
     )
     # Watch the tokenization form: a held-out line with greedy boundaries (every level).
-    if self.hierarchical:
+    if self.stages:
       shown, actions, _ = segmentation.boundaries_for(
           self.trainer.model,
           params,
@@ -248,8 +247,8 @@ class Reporter:
         f'xz -9 {self.ref["xz"]:.3f} | wall {format_eta(time.time() - self.t0)}'
     )
     print(f'wrote {self.writer.path}, {png}, checkpoints in {checkpoint_dir}')
-    if self.hierarchical:
-      legend = segmentation.legend(stage_views.stage_count(self.config))
+    if self.stages:
+      legend = segmentation.legend(self.stages)
       print(f'learned segmentation of held-out text ({legend}):')
       print(show_segmentation(self.trainer, params, self.data, self.config, key))
 

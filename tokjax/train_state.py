@@ -31,7 +31,7 @@ import optax
 
 from tokjax import losses, models, sharding
 from tokjax.errors import UserError
-from tokjax.models import registry, stage_views
+from tokjax.models import registry
 
 
 @flax.struct.dataclass
@@ -91,8 +91,8 @@ class Trainer:
     self.model = models.build_model(config)
     self.tx = make_optimizer(config)
     b, l = config.data.batch_size, config.data.seq_len
-    self.accum_steps = check_accumulation(config, mesh)
-    self._init_args = models.init_args(config, b, l)
+    self.accum_steps = check_accumulation(config, mesh, self.model.num_stages)
+    self._init_args = self.model.init_args(b, l)
     with sharding.use(mesh, config.mesh):
       boxed = jax.eval_shape(self._boxed_state, jax.random.PRNGKey(0))
       self.state_sharding = sharding.tree_shardings(boxed, mesh, config.mesh)
@@ -117,7 +117,7 @@ class Trainer:
             in_shardings=(self.state_sharding.params, data_sharding, replicated),
             out_shardings=replicated,
         )
-        for mode in (('sample', 'greedy') if config.model.kind == 'hierarchical' else ('sample',))
+        for mode in self.model.boundary_modes
     }
     self._init = jax.jit(self._init_state, out_shardings=self.state_sharding)
 
@@ -147,9 +147,22 @@ class Trainer:
     with sharding.use(self.mesh, self.config.mesh):
       return self._eval_steps[mode](params, batch, key)
 
+  def lower_train_step(self, state, batch, key) -> jax.stages.Lowered:
+    """The jitted train step lowered for this mesh (`.compile()` it) on state, batch and key: arrays
+    or `jax.ShapeDtypeStruct`s (e.g. `abstract_state`), as `train_step` takes them."""
+    with sharding.use(self.mesh, self.config.mesh):
+      return self._train_step.lower(state, batch, key)
 
-def check_accumulation(config, mesh) -> int:
-  """config.optim.grad_accum_steps, checked against the batch and the mesh before compiling."""
+  def lower_eval_step(self, params, batch, key, mode='sample') -> jax.stages.Lowered:
+    """The jitted eval step of boundary mode `mode` (one of the model's `boundary_modes`) lowered
+    for this mesh; arguments as for `eval_step`, or `jax.ShapeDtypeStruct`s."""
+    with sharding.use(self.mesh, self.config.mesh):
+      return self._eval_steps[mode].lower(params, batch, key)
+
+
+def check_accumulation(config, mesh, num_stages: int) -> int:
+  """config.optim.grad_accum_steps, checked against the batch and the mesh before compiling (for a
+  model of `num_stages` stages of boundaries)."""
   n = config.optim.get('grad_accum_steps', 1)
   b = config.data.batch_size
   if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -159,7 +172,11 @@ def check_accumulation(config, mesh) -> int:
         f'config.optim.grad_accum_steps={n} does not divide config.data.batch_size={b}; choose a '
         f'divisor of {b} (micro-batches hold batch_size / grad_accum_steps rows).'
     )
-  if b // n == 1 and config.estimator.baseline == 'batch' and _trains_score_function(config):
+  if (
+      b // n == 1
+      and config.estimator.baseline == 'batch'
+      and _trains_score_function(config, num_stages)
+  ):
     raise UserError(
         f'micro-batches of one row (data.batch_size={b} / optim.grad_accum_steps={n}) make every '
         "batch-relative advantage 0 (estimator.baseline='batch' subtracts the row's own reward), "
@@ -176,12 +193,13 @@ def check_accumulation(config, mesh) -> int:
   return n
 
 
-def _trains_score_function(config) -> bool:
-  """Whether some level of boundaries is trained by the score function (and so by its baseline)."""
-  if config.model.kind != 'hierarchical':
+def _trains_score_function(config, num_stages: int) -> bool:
+  """Whether some of the num_stages levels of boundaries is trained by the score function (and so
+  by its baseline)."""
+  if not num_stages:
     return False
   names = [config.boundary.method]
-  if stage_views.stage_count(config) > 1:
+  if num_stages > 1:
     names += list(config.stages.method)
   return any(registry.get(name).score_function for name in names)
 

@@ -158,7 +158,7 @@ def evaluate_splits(
     result[split] = evaluate_documents(
         ckpt, capped(splits[split], *eval_cap), jax.random.fold_in(key, i), references=references
     )
-  if ckpt.config.model.kind == 'hierarchical':
+  if ckpt.model.num_stages:
     shown, actions, probs = segmentation.boundaries_for(
         ckpt.model, ckpt.params, passage, ckpt.config.data.seq_len, key, 'greedy'
     )

@@ -226,10 +226,10 @@ def _enumerated(setup: Setup, boundary_params, pathwise: bool):
         mode='given',
         actions=acts,
     )
-  ce = losses.cross_entropy(out['logits'], rep(setup.targets)) * rep(setup.mask)
+  ce = losses.cross_entropy(out.logits, rep(setup.targets)) * rep(setup.mask)
   if not pathwise:
     ce = jax.lax.stop_gradient(ce)
-  lp = bd.bernoulli_log_prob(out['boundaries'].logits, acts)
+  lp = bd.bernoulli_log_prob(out.boundaries.logits, acts)
   log_p = jnp.sum(jnp.where(bd.forced_mask(acts.shape), 0.0, lp), -1)
   return ce.reshape(b, n_pat, -1), log_p.reshape(b, n_pat)
 
@@ -351,7 +351,7 @@ def ce_forward_fn(setup: Setup, chunk: int = 8):
 
   def one(a):
     out = setup.model.apply({'params': setup.params}, setup.tokens, None, mode='given', actions=a)
-    return losses.cross_entropy(out['logits'], setup.targets) * setup.mask
+    return losses.cross_entropy(out.logits, setup.targets) * setup.mask
 
   fwd = jax.jit(jax.vmap(one))
 
@@ -451,7 +451,7 @@ def ste_estimates(setup: Setup, key, n: int) -> np.ndarray:
           {'params': dict(setup.params, boundary=pb)}, setup.tokens, k, mode='sample'
       )
       return losses.masked_mean(
-          losses.cross_entropy(out['logits'], setup.targets) * setup.mask, setup.mask
+          losses.cross_entropy(out.logits, setup.targets) * setup.mask, setup.mask
       )
 
     return jax.grad(lm)(setup.boundary_params)
@@ -662,7 +662,9 @@ def main(argv):
       config, params, name = ckpt.config, ckpt.params, 'checkpoint'
     else:
       config, params, name = _CONFIG.value, None, 'config'
-    if config.model.kind != 'hierarchical' or config.boundary.method != 'policy':
+    from tokjax import models  # pylint: disable=g-import-not-at-top
+
+    if not models.num_stages(config) or config.boundary.method != 'policy':
       raise UserError('the estimator lab needs a hierarchical model with boundary.method="policy".')
     setup = _model_setup(config, params, _SEED.value)
     if setup.model.value_head:

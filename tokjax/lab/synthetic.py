@@ -220,18 +220,18 @@ def make_eval_fns(model):
 
   def bounds(mode):
     def fn(params, tokens, key):
-      b = model.apply({'params': params}, tokens, key, mode=mode)['boundaries']
+      b = model.apply({'params': params}, tokens, key, mode=mode).boundaries
       return b.actions, b.probs
 
     return jax.jit(fn)
 
   def ce_given(params, tokens, targets, actions, key):
     out = model.apply({'params': params}, tokens, key, mode='given', actions=actions)
-    return cross_entropy(out['logits'], targets)
+    return cross_entropy(out.logits, targets)
 
   def ce_own(params, tokens, targets, key):
     return cross_entropy(
-        model.apply({'params': params}, tokens, key, mode='sample')['logits'], targets
+        model.apply({'params': params}, tokens, key, mode='sample').logits, targets
     )
 
   return {

@@ -145,7 +145,7 @@ class TokjaxLM(LM):
         jax.random.fold_in(self.key, 1),
         window=self.seq_len,
         max_bytes=max_bytes,
-        mode=self.scorer.mode if self.scorer.kind != 'flat' else 'sample',
+        mode=self.scorer.forward_mode,
         temperature=temperature,
         top_k=top_k,
     )

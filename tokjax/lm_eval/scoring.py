@@ -116,20 +116,19 @@ class Scorer:
     if batch_size < 1:
       raise UserError(f'--batch_size={batch_size} must be at least 1.')
     self.config = ckpt.config
-    self.kind = self.config.model.kind
-    if self.kind == 'flat' and draws > 1:
-      raise UserError('a flat model has no boundaries to draw; drop --draws.')
     self.model, self.params = ckpt.model, ckpt.params
+    if not self.model.num_stages and draws > 1:
+      raise UserError('a flat model has no boundaries to draw; drop --draws.')
     self.mode, self.draws, self.batch_size = mode, draws, batch_size
     self.seq_len = self.config.data.seq_len
     self.overlap = self.seq_len // 2 if overlap is None else overlap
     self.key = jax.random.PRNGKey(0) if key is None else key
     self.lengths = row_lengths(self.seq_len)
-    # Flat: the Evaluator's only mode; hierarchical: the boundaries asked for.
-    fwd_mode = 'sample' if self.kind == 'flat' else mode
+    # A model without boundaries: the Evaluator's only mode; otherwise the boundaries asked for.
+    self.forward_mode = mode if mode in self.model.boundary_modes else 'sample'
     self._forward = jax.jit(
         jax.vmap(
-            functools.partial(_row_forward, self.model, self.kind, fwd_mode), in_axes=(None, 0, 0)
+            functools.partial(_row_forward, self.model, self.forward_mode), in_axes=(None, 0, 0)
         )
     )
 
@@ -199,7 +198,7 @@ def _logsumexp(x) -> float:
   return float(m + np.log(np.sum(np.exp(x - m)))) if np.isfinite(m) else float(m)
 
 
-def _row_forward(model, kind, mode, params, row, key):
+def _row_forward(model, mode, params, row, key):
   """`evaluation._forward` on one row: row {inputs, targets, mask}: [L] -> (CE nats float32[L],
   whether each target is the argmax of the model's byte logits bool[L])."""
   captured = {}
@@ -215,11 +214,11 @@ def _row_forward(model, kind, mode, params, row, key):
     finally:
       depth[0] -= 1
     if top:  # The model's own __call__, entered first by model.apply inside _forward.
-      captured['argmax'] = jnp.argmax(out['logits'][..., :256], axis=-1)
+      captured['argmax'] = jnp.argmax(out.logits[..., :256], axis=-1)
     return out
 
   with nn.intercept_methods(outermost_logits):
     ce, _ = evaluation._forward(  # pylint: disable=protected-access
-        model, kind, mode, params, {k: v[None] for k, v in row.items()}, key
+        model, mode, params, {k: v[None] for k, v in row.items()}, key
     )
   return ce[0], captured['argmax'][0] == row['targets']

@@ -1,6 +1,8 @@
 """Model construction from a config: `build_model(config)` (its training objective: losses.objective).
 
 The boundary method comes from the registry (tokjax/models/registry.py) by config.boundary.method.
+Every model built here is an `interface.ByteLM`: callers read its stages, init arguments and modes
+from the model and its `interface.ModelOutput`, never config.model.kind.
 """
 
 import jax.numpy as jnp
@@ -81,9 +83,15 @@ def inner_stages(config) -> dict:
   )
 
 
+def num_stages(config) -> int:
+  """`interface.ByteLM.num_stages` of config's model without building it: 0 for the flat model."""
+  return 0 if config.model.kind == 'flat' else stage_views.stage_count(config)
+
+
 def init_args(config, batch_size: int, seq_len: int):
-  """Dummy arguments for model.init: (tokens,) or (tokens, key)."""
+  """Dummy arguments for model.init of config's model without building it: (tokens,) or (tokens,
+  key), as `interface.ByteLM.init_args`."""
   import jax  # pylint: disable=g-import-not-at-top
 
   tokens = jnp.zeros((batch_size, seq_len), jnp.int32)
-  return (tokens,) if config.model.kind == 'flat' else (tokens, jax.random.PRNGKey(0))
+  return (tokens, jax.random.PRNGKey(0)) if num_stages(config) else (tokens,)

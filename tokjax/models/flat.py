@@ -3,11 +3,15 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
-from tokjax.models import layers
+from tokjax.models import interface, layers
 
 
 class FlatByteLM(nn.Module):
-  """bytes -> embed -> `num_layers` Gemma-2 blocks -> next-byte logits. No chunking at all."""
+  """bytes -> embed -> `num_layers` Gemma-2 blocks -> next-byte logits. No chunking at all.
+
+  A `interface.ByteLM` with no stages of boundaries: it takes no key, and ignores the key and
+  boundary mode callers pass to every model.
+  """
 
   vocab_size: int
   d_model: int
@@ -20,9 +24,18 @@ class FlatByteLM(nn.Module):
   scan_layers: bool = False
   attention: str = 'blocked'
 
+  num_stages = 0
+  takes_key = False
+  boundary_modes = ('sample',)
+
+  def init_args(self, batch_size: int, seq_len: int) -> tuple:
+    return interface.init_args(self, batch_size, seq_len)
+
   @nn.compact
-  def __call__(self, tokens):
-    """tokens: int32[B, L] -> {'logits': float32[B, L, V]} (logits at t predict tokens at t + 1)."""
+  def __call__(self, tokens, key=None, mode: str = 'sample') -> interface.ModelOutput:
+    """tokens: int32[B, L] -> ModelOutput(logits float32[B, L, V], stages=()); logits at t predict
+    tokens at t + 1. key and mode are unused (no boundaries to draw)."""
+    del key, mode
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     x = layers.Embed(self.vocab_size, self.d_model, self.dtype, name='embed')(tokens)
     x = layers.Stack(
@@ -36,4 +49,4 @@ class FlatByteLM(nn.Module):
         self.attention,
         name='layers',
     )(x, positions)
-    return {'logits': layers.LMHead(self.vocab_size, self.dtype, name='head')(x)}
+    return interface.ModelOutput(layers.LMHead(self.vocab_size, self.dtype, name='head')(x))

@@ -29,14 +29,12 @@ Any module with the `BoundaryPolicy` call signature can draw the boundaries (the
 straight-through routers, fixed rules): the model does not know how they were made.
 """
 
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from tokjax.models import boundaries as bd
-from tokjax.models import chunking, layers
+from tokjax.models import chunking, interface, layers
 from tokjax.vocab import PAD_ID
 
 
@@ -96,9 +94,16 @@ class HierarchicalByteLM(nn.Module):
         self.attention,
     )
 
+  # The `interface.ByteLM` properties.
   @property
-  def stages(self) -> int:
+  def num_stages(self) -> int:
     return 1 + len(self.inner_boundaries)
+
+  takes_key = True
+  boundary_modes = ('sample', 'greedy')
+
+  def init_args(self, batch_size: int, seq_len: int) -> tuple:
+    return interface.init_args(self, batch_size, seq_len)
 
   def capacities(self) -> tuple[int, ...]:
     """Chunk buffer of every stage, stage 0 first."""
@@ -111,7 +116,7 @@ class HierarchicalByteLM(nn.Module):
     self.decoder = layers.Stack(*self.stack_args('decoder'))
     self.early_head = layers.LMHead(self.vocab_size, self.dtype)
     self.head = layers.LMHead(self.vocab_size, self.dtype)
-    inner = range(1, self.stages)
+    inner = range(1, self.num_stages)
     self.inner_encoders = [
         layers.Stack(*self.inner_stack_args(s, self.inner_encoder_layers[s - 1])) for s in inner
     ]
@@ -130,35 +135,37 @@ class HierarchicalByteLM(nn.Module):
 
   def __call__(
       self, tokens, key, mode: str = 'sample', actions=None, **boundary_kwargs
-  ) -> dict[str, Any]:
+  ) -> interface.ModelOutput:
     """tokens: int32[B, L]; key: PRNG key for the boundary method; mode: 'sample' | 'greedy' | 'given',
     or a tuple of one mode per stage (say ('given', 'sample'): stage 0's actions given, stage 1 drawn).
 
-    Returns logits and early_logits: float32[B, L, V], boundaries: `Boundaries`, chunk_valid: bool[B, C].
+    Returns `interface.ModelOutput` with S stages (see `_decode`) and values: float32[B, L] when the
+    model has a critic.
     """
     h, early_logits = self.encode(tokens)
     out = self._decode(h, tokens, early_logits, key, mode, actions, **boundary_kwargs)
     if self.value_head:
-      out['values'] = self.critic(h)
+      out = out.replace(values=self.critic(h))
     return out
 
   def sample_k(
       self, tokens, key, k: int, mode: str = 'sample', **boundary_kwargs
-  ) -> dict[str, Any]:
+  ) -> interface.ModelOutput:
     """K boundary draws per sequence sharing one encoder pass (for leave-one-out baselines).
 
-    tokens: int32[B, L]. Returns logits: float32[K*B, L, V] (row k*B + b is draw k of sequence b),
-    early_logits: float32[B, L, V] (computed once), boundaries and chunk_valid over K*B rows, and
-    values: float32[B, L] when the model has a critic.
+    tokens: int32[B, L]. Returns `interface.ModelOutput` over K*B rows (row k*B + b is draw k of
+    sequence b), except stage 0's early_logits: float32[B, L, V] (computed once) and values:
+    float32[B, L] when the model has a critic.
     """
     h, early_logits = self.encode(tokens)
     tile = lambda x: jnp.tile(x, (k,) + (1,) * (x.ndim - 1))
     out = self._decode(
         tile(h), tile(tokens), tile(early_logits), key, mode, None, **boundary_kwargs
     )
-    out['early_logits'] = early_logits
+    first = out.stages[0].replace(early_logits=early_logits)
+    out = out.replace(stages=(first,) + out.stages[1:])
     if self.value_head:
-      out['values'] = self.critic(h)
+      out = out.replace(values=self.critic(h))
     return out
 
   def _decode(self, h, tokens, early_logits, key, mode, actions, **boundary_kwargs):
@@ -166,14 +173,13 @@ class HierarchicalByteLM(nn.Module):
 
     actions (mode 'given'): float32[B, L] for one stage, or a tuple with one array per stage
     (stage s >= 1: [B, N_s], N_s = capacity of stage s - 1; None for a stage that draws its own).
-    mode: one for every stage, or a tuple with one per stage. Returns logits, early_logits (stage 0),
-    boundaries and chunk_valid: bool[B, C_0] of stage 0 (as for the one-stage model) and, with S > 1,
-    `inner`: one dict per stage s >= 1 with boundaries and valid: bool[B, N_s] over its input
-    positions, positions: int32[B, N_s] (the byte each input position ends at; L on padding),
-    tokens: int32[B, N_s] (that byte; PAD on padding) and early_logits: float32[B, L, V].
+    mode: one for every stage, or a tuple with one per stage. Returns `interface.ModelOutput` with
+    logits and one `interface.StageOutput` per stage: stage 0's over bytes (every position valid,
+    positions 0..L-1, the input tokens, early_logits from the encoder), stage s >= 1's over its N_s
+    input positions (the chunks of stage s - 1) with its early_logits from h_0 + h_s brought to bytes.
     """
-    given = actions if isinstance(actions, (tuple, list)) else (actions,) * self.stages
-    modes = mode if isinstance(mode, (tuple, list)) else (mode,) * self.stages
+    given = actions if isinstance(actions, (tuple, list)) else (actions,) * self.num_stages
+    modes = mode if isinstance(mode, (tuple, list)) else (mode,) * self.num_stages
     boundaries_ = (self.boundary,) + tuple(self.inner_boundaries)
     b, l = tokens.shape
     x, positions = h, jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
@@ -209,11 +215,11 @@ class HierarchicalByteLM(nn.Module):
       positions = jnp.where(chunk_valid, jnp.take_along_axis(positions, at, axis=1), l)
       stage_tokens = jnp.where(chunk_valid, jnp.take_along_axis(stage_tokens, at, axis=1), PAD_ID)
       valid = chunk_valid
-      if s + 1 < self.stages:
+      if s + 1 < self.num_stages:
         x = self.inner_encoders[s](chunks, positions, valid)
       else:
         out = self.main(chunks, positions, valid)
-    for s in reversed(range(self.stages)):
+    for s in reversed(range(self.num_stages)):
       lv = levels[s]
       bnd = lv['boundaries']
       if bnd.chunk_ema is not None:
@@ -222,25 +228,24 @@ class HierarchicalByteLM(nn.Module):
       if s > 0:
         out = self.inner_decoders[s - 1](out, lv['positions'], lv['valid'])
     logits = self.head(self.decoder(out, levels[0]['positions']))
-    result = {
-        'logits': logits,
-        'early_logits': early_logits,
-        'boundaries': levels[0]['boundaries'],
-        'chunk_valid': levels[0]['chunk_valid'],
-    }
-    if self.stages > 1:
-      result['inner'] = [
-          dict(
+    stages = []
+    for s, lv in enumerate(levels):
+      if s == 0:
+        valid, stage_early = jnp.ones((b, l), bool), early_logits
+      else:
+        valid = lv['valid']
+        stage_early = self.inner_early_heads[s - 1](h + self.to_bytes(lv['x'], levels[:s]))
+      stages.append(
+          interface.StageOutput(
               boundaries=lv['boundaries'],
-              valid=lv['valid'],
+              valid=valid,
               positions=lv['positions'],
               tokens=lv['tokens'],
-              early_logits=self.inner_early_heads[s - 1](h + self.to_bytes(lv['x'], levels[:s])),
+              early_logits=stage_early,
+              chunk_valid=lv['chunk_valid'],
           )
-          for s, lv in enumerate(levels)
-          if s > 0
-      ]
-    return result
+      )
+    return interface.ModelOutput(logits=logits, stages=tuple(stages))
 
   @staticmethod
   def to_bytes(x, below):
@@ -281,18 +286,5 @@ class Critic(nn.Module):
     )(x)[..., 0]
 
 
-def boundaries_in_bytes(out) -> list:
-  """Every stage's chunk ends marked on bytes: a list of S float32[B, L], stage 0 first.
-
-  out: the model's output. Entry s is 1 at byte t when t is the last byte of a chunk of stage s (a
-  stage-s chunk ends where its last input chunk ends), so entry s + 1 <= entry s everywhere.
-  """
-  first = out['boundaries'].actions
-  levels = [first]
-  for stage in out.get('inner', []):
-    b, l = first.shape
-    at = jnp.where(stage['valid'], stage['positions'], l)  # Padding lands out of range: dropped.
-    rows = jnp.broadcast_to(jnp.arange(b)[:, None], at.shape)
-    ends = stage['boundaries'].actions * stage['valid']
-    levels.append(jnp.zeros((b, l), first.dtype).at[rows, at].max(ends, mode='drop'))
-  return levels
+# Kept here for the callers that read it from this module.
+boundaries_in_bytes = interface.boundaries_in_bytes
