@@ -79,18 +79,35 @@ def test_registry_holds_the_builtin_methods_and_their_config_sections():
   assert [n for n, m in registry.methods().items() if m.score_function] == ['policy']
 
 
+@pytest.fixture(scope='module')
+def built(tokenizer_json, tmp_path_factory):
+  """built(method) -> (params, jitted apply) of that method's model, made once for the module.
+
+  The causality and sampling-flag tests call it on rows of the same shape, so each method's model is
+  initialised and compiled once for both.
+  """
+  cache = {}
+
+  def build(method):
+    if method not in cache:
+      model = _model(_boundary(method, tokenizer_json, tmp_path_factory.mktemp(method)))
+      params = nn.unbox(model.init(jax.random.PRNGKey(0), _text_tokens(0), jax.random.PRNGKey(3)))
+      cache[method] = params, jax.jit(model.apply, static_argnames='mode')
+    return cache[method]
+
+  return build
+
+
 @pytest.mark.parametrize('method', list(registry.methods()))
-def test_every_method_is_causal(method, tokenizer_json, tmp_path):
+def test_every_method_is_causal(method, built):
   """Nothing at or before t (logits, early logits, boundary probs or actions) depends on bytes > t.
 
   BPE boundaries carry BPE's own within-word look-ahead (see rivals/bpe.py), so for 'bpe' the model is
   checked given the boundaries of the unperturbed row.
   """
-  model = _model(_boundary(method, tokenizer_json, tmp_path))
+  params, apply = built(method)
   tokens = _text_tokens(0)
   key = jax.random.PRNGKey(3)
-  params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens, key))
-  apply = jax.jit(model.apply, static_argnames='mode')
   kwargs = {}
   if method == 'bpe':
     given = apply(params, tokens, key).boundaries.actions
@@ -217,13 +234,11 @@ def test_entropy_threshold_reaches_target_rate():
 
 
 @pytest.mark.parametrize('method', list(registry.methods()))
-def test_sampling_flag_matches_what_sample_mode_does(method, tokenizer_json, tmp_path):
+def test_sampling_flag_matches_what_sample_mode_does(method, built):
   """A method declared deterministic draws the same boundaries in 'sample' and 'greedy' mode, whatever
   the key; one declared sampling draws different boundaries under different keys."""
-  model = _model(_boundary(method, tokenizer_json, tmp_path))
-  tokens = _text_tokens(2, b=4)
-  params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens, jax.random.PRNGKey(1)))
-  apply = jax.jit(model.apply, static_argnames='mode')
+  params, apply = built(method)
+  tokens = _text_tokens(2)  # The causality test's shape: the compiled model is reused.
   draws = [
       np.asarray(apply(params, tokens, jax.random.PRNGKey(k)).boundaries.actions) for k in (1, 2)
   ]
