@@ -79,7 +79,15 @@ def _run_dir(out, method='policy'):
 
 def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
   whole, stopped = tmp_path / 'whole', tmp_path / 'stopped'
-  reference = subprocess.Popen(_ladder(whole), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  # Each ladder pins its one job to the first core it may use: the reference gets the last core
+  # (a child inherits the affinity of the thread that starts it), so that the two runs side by side
+  # do not share one core while another idles.
+  cores = os.sched_getaffinity(0)
+  os.sched_setaffinity(0, {max(cores)})
+  try:
+    reference = subprocess.Popen(_ladder(whole), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  finally:
+    os.sched_setaffinity(0, cores)
   # Two runs, one job: the second is still waiting when the first is stopped.
   two = dict(methods='policy,uniform')
   proc = subprocess.Popen(_ladder(stopped, **two), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
