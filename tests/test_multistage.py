@@ -8,6 +8,7 @@ before jax is imported): this file is also that script (`python tests/test_multi
 printing one JSON line of measurements, and reuses tests/test_sharding.py's batches and tolerances.
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -205,7 +206,8 @@ def test_two_stage_output_has_the_documented_stage_shapes():
   )
   params = _init(model, *model.init_args(b, l))
   batch = _batch(b, l)
-  out = model.apply({'params': params}, batch['inputs'], jax.random.PRNGKey(1))
+  # Jitted: one compile of each program costs less than running the model op by op.
+  out = jax.jit(model.apply)({'params': params}, batch['inputs'], jax.random.PRNGKey(1))
   assert out.logits.shape == (b, l, v) and out.values is None and len(out.stages) == 2
   s0, s1 = out.stages
   assert s0.boundaries is out.boundaries and s0.early_logits is out.early_logits
@@ -224,15 +226,15 @@ def test_two_stage_output_has_the_documented_stage_shapes():
     np.testing.assert_array_equal(s1.positions[row, :n], np.flatnonzero(ends[row])[:n])
     assert np.all(np.asarray(s1.positions[row, n:]) == l)
   k = 3
-  drawn = model.apply(
-      {'params': params}, batch['inputs'], jax.random.PRNGKey(1), k, method='sample_k'
-  )
+  sample_k = jax.jit(functools.partial(model.apply, method='sample_k'), static_argnums=3)
+  drawn = sample_k({'params': params}, batch['inputs'], jax.random.PRNGKey(1), k)
   assert drawn.logits.shape == (k * b, l, v) and drawn.early_logits.shape == (b, l, v)
   assert drawn.stages[1].early_logits.shape == (k * b, l, v)
   assert drawn.stages[1].valid.shape == (k * b, c0)
   names = interface.stage_metrics(model, 'rate')
   assert names == ['rate', 'stage1_rate']
-  _, (metrics, _) = losses.objective(c, model)(params, batch, jax.random.PRNGKey(1), 0)
+  objective = jax.jit(losses.objective(c, model))
+  _, (metrics, _) = objective(params, batch, jax.random.PRNGKey(1), 0)
   assert set(names) <= set(metrics)
   np.testing.assert_allclose(
       metrics['stage1_rate'],
@@ -742,9 +744,11 @@ def _sharded_worker():
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
     mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(shape))])
     trainer = train_state.Trainer(config, mesh)
-    state = trainer.init(jax.random.PRNGKey(0))
     if init is None:
-      init = jax.device_get(state.params)
+      state = trainer.init(jax.random.PRNGKey(0))
+      init = jax.device_get(state)
+    else:  # Sharded init is test_sharding's to check; resharding saves compiling init again.
+      state = jax.device_put(init, trainer.state_sharding)
     metrics = []
     for batch in batches:
       state, m = trainer.train_step(state, sharding.global_batch(batch, mesh), key)
@@ -752,13 +756,15 @@ def _sharded_worker():
     out['metrics'][str(shape)] = metrics
     states[shape] = jax.device_get(state)
   mu = lambda shape: states[shape].opt_state[1][0].mu
-  out['moved'] = ts._max_diff(states[ts.SINGLE].params, init)  # pylint: disable=protected-access
+  out['moved'] = ts._max_diff(  # pylint: disable=protected-access
+      states[ts.SINGLE].params, init.params
+  )
   out['mu_scale'] = max(float(np.abs(x).max()) for x in jax.tree.leaves(mu(ts.SINGLE)))
   out['mu_diff'] = ts._max_diff(mu(SHARDED_MESH), mu(ts.SINGLE))  # pylint: disable=protected-access
   out['param_diff'] = ts._max_diff(  # pylint: disable=protected-access
       states[SHARDED_MESH].params, states[ts.SINGLE].params
   )
-  out['inner_params'] = sorted(k for k in init if k.startswith('inner'))
+  out['inner_params'] = sorted(k for k in init.params if k.startswith('inner'))
   out['devices'] = len(jax.devices())
   return out
 
