@@ -744,11 +744,9 @@ def _sharded_worker():
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
     mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(shape))])
     trainer = train_state.Trainer(config, mesh)
+    state = trainer.init(jax.random.PRNGKey(0))
     if init is None:
-      state = trainer.init(jax.random.PRNGKey(0))
-      init = jax.device_get(state)
-    else:  # Sharded init is test_sharding's to check; resharding saves compiling init again.
-      state = jax.device_put(init, trainer.state_sharding)
+      init = jax.device_get(state.params)
     metrics = []
     for batch in batches:
       state, m = trainer.train_step(state, sharding.global_batch(batch, mesh), key)
@@ -756,15 +754,13 @@ def _sharded_worker():
     out['metrics'][str(shape)] = metrics
     states[shape] = jax.device_get(state)
   mu = lambda shape: states[shape].opt_state[1][0].mu
-  out['moved'] = ts._max_diff(  # pylint: disable=protected-access
-      states[ts.SINGLE].params, init.params
-  )
+  out['moved'] = ts._max_diff(states[ts.SINGLE].params, init)  # pylint: disable=protected-access
   out['mu_scale'] = max(float(np.abs(x).max()) for x in jax.tree.leaves(mu(ts.SINGLE)))
   out['mu_diff'] = ts._max_diff(mu(SHARDED_MESH), mu(ts.SINGLE))  # pylint: disable=protected-access
   out['param_diff'] = ts._max_diff(  # pylint: disable=protected-access
       states[SHARDED_MESH].params, states[ts.SINGLE].params
   )
-  out['inner_params'] = sorted(k for k in init.params if k.startswith('inner'))
+  out['inner_params'] = sorted(k for k in init if k.startswith('inner'))
   out['devices'] = len(jax.devices())
   return out
 

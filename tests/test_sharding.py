@@ -95,9 +95,8 @@ def _shard_shapes(x):
   return sorted({tuple(s.data.shape) for s in x.addressable_shards})
 
 
-def _run_meshes(method, meshes, checkpoint_dir=None, check_init=False):
-  """Trains STEPS steps on each mesh from the same init, batches and key; measures the differences
-  (with check_init, also sharded init on meshes[1] against the single-device init)."""
+def _run_meshes(method, meshes, checkpoint_dir=None):
+  """Trains STEPS steps on each mesh from the same init, batches and key; measures the differences."""
   import jax  # pylint: disable=g-import-not-at-top
 
   from tokjax import sharding, train_state  # pylint: disable=g-import-not-at-top
@@ -111,13 +110,13 @@ def _run_meshes(method, meshes, checkpoint_dir=None, check_init=False):
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
     mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(shape))])
     trainer = train_state.Trainer(config, mesh)
-    if shape == SINGLE or (check_init and shape == meshes[1]):
+    if shape in (SINGLE, meshes[1]):
       state = trainer.init(jax.random.PRNGKey(0))
     else:  # Compiling init for every mesh would double this file's run time; reshard one instead.
       state = jax.device_put(init, trainer.state_sharding)
     if shape == SINGLE:
       init = jax.device_get(state)
-    if check_init and shape == meshes[1]:  # Sharded random init draws the single-device numbers.
+    if shape == meshes[1]:  # Sharded random init draws the same numbers as on one device.
       out['init_diff'] = _max_diff(jax.device_get(state.params), init.params)
     metrics = []
     for i in range(STEPS):
@@ -245,8 +244,7 @@ def _worker(group):
     return _multiprocess_worker()
   if group == 'policy':
     with tempfile.TemporaryDirectory() as tmp:
-      run = _run_meshes('policy', POLICY_MESHES, os.path.join(tmp, 'run'), check_init=True)
-      out = {'policy': run}
+      out = {'policy': _run_meshes('policy', POLICY_MESHES, os.path.join(tmp, 'run'))}
     out['advantages'] = _advantages()
     return out
   out = {}
