@@ -8,7 +8,6 @@ before jax is imported): this file is also that script (`python tests/test_multi
 printing one JSON line of measurements, and reuses tests/test_sharding.py's batches and tolerances.
 """
 
-import functools
 import json
 import os
 import subprocess
@@ -206,8 +205,7 @@ def test_two_stage_output_has_the_documented_stage_shapes():
   )
   params = _init(model, *model.init_args(b, l))
   batch = _batch(b, l)
-  # Jitted: one compile of each program costs less than running the model op by op.
-  out = jax.jit(model.apply)({'params': params}, batch['inputs'], jax.random.PRNGKey(1))
+  out = model.apply({'params': params}, batch['inputs'], jax.random.PRNGKey(1))
   assert out.logits.shape == (b, l, v) and out.values is None and len(out.stages) == 2
   s0, s1 = out.stages
   assert s0.boundaries is out.boundaries and s0.early_logits is out.early_logits
@@ -226,15 +224,15 @@ def test_two_stage_output_has_the_documented_stage_shapes():
     np.testing.assert_array_equal(s1.positions[row, :n], np.flatnonzero(ends[row])[:n])
     assert np.all(np.asarray(s1.positions[row, n:]) == l)
   k = 3
-  sample_k = jax.jit(functools.partial(model.apply, method='sample_k'), static_argnums=3)
-  drawn = sample_k({'params': params}, batch['inputs'], jax.random.PRNGKey(1), k)
+  drawn = model.apply(
+      {'params': params}, batch['inputs'], jax.random.PRNGKey(1), k, method='sample_k'
+  )
   assert drawn.logits.shape == (k * b, l, v) and drawn.early_logits.shape == (b, l, v)
   assert drawn.stages[1].early_logits.shape == (k * b, l, v)
   assert drawn.stages[1].valid.shape == (k * b, c0)
   names = interface.stage_metrics(model, 'rate')
   assert names == ['rate', 'stage1_rate']
-  objective = jax.jit(losses.objective(c, model))
-  _, (metrics, _) = objective(params, batch, jax.random.PRNGKey(1), 0)
+  _, (metrics, _) = losses.objective(c, model)(params, batch, jax.random.PRNGKey(1), 0)
   assert set(names) <= set(metrics)
   np.testing.assert_allclose(
       metrics['stage1_rate'],
