@@ -17,7 +17,8 @@ from tokjax.errors import UserError
 
 def _config(kind='hierarchical', method='policy', accum=1):
   c = config_defaults.base_config()
-  c.model.update(kind=kind, d_model=32, capacity=16, num_layers=2, byte_window=8)
+  # One layer per stack: accumulation is over rows, so depth adds compile time and nothing else.
+  c.model.update(kind=kind, d_model=32, capacity=16, num_layers=1, main_layers=1, byte_window=8)
   c.data.update(seq_len=32, batch_size=8)
   c.boundary.method = method
   c.optim.grad_accum_steps = accum
