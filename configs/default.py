@@ -8,9 +8,10 @@ sequences of 256 bytes, batch 16, 600 steps on `stdlib_docs` (English from the P
 library: its long docstrings and the help() topics, 1.8 MB, no download).
 Expect (measured on 2 CPU cores while other jobs ran, wall 31m51s; 6.6 CPU-minutes): 0.86M
 parameters, final val bpb 2.377 (greedy boundaries 2.379) against gzip -9 2.632 and xz -9 2.462 of
-the same split, rate 0.217, greedy boundaries on 58% of the spaces at step 600, rising (an earlier
-commit's run of this config, results/default_corpus/, jumped to 99% "word + space" chunks at step
-300-400 and ended at 2.370). On the library's source code
+the same split, rate 0.217, greedy boundaries on 58% of the spaces at step 600, rising. When the policy jumps to
+"word + space" chunks depends on floating-point details: with one XLA thread the same code jumps
+at step 300 (99% of the spaces from step 400), as did an earlier commit's multi-threaded run
+(results/default_corpus/, final 2.370). On the library's source code
 (--config.data.corpus=stdlib) the same run ended, at that commit, at val bpb 2.307 against gzip -9 1.995 and xz -9
 1.681, with chunks inside identifiers (whitespace fraction 0.08).
 """
