@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+from conftest import XLA_FAST_COMPILE
 import pytest
 
 from tokjax import compile_check
@@ -26,7 +27,8 @@ TINY = [
 def _run(args, tmp_path):
   out = tmp_path / 'report.json'
   env = dict(os.environ, PYTHONPATH=ROOT)
-  env.pop('XLA_FLAGS', None)  # The command must set the simulated device count itself.
+  # The command must set the simulated device count itself.
+  env['XLA_FLAGS'] = XLA_FAST_COMPILE
   proc = subprocess.run(
       [sys.executable, '-m', 'tokjax.compile_check', *TINY, f'--out={out}', *args],
       cwd=ROOT,

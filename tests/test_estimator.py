@@ -1,5 +1,6 @@
 """The score-function estimator: returns, advantages, signs, and unbiasedness against enumeration."""
 
+from conftest import jit_call
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -70,7 +71,9 @@ def _setup(window, n_rows):
   model = _tiny_model(window)
   tokens1 = jax.random.randint(jax.random.PRNGKey(11), (1, 8), 0, 256)
   targets1 = jax.random.randint(jax.random.PRNGKey(12), (1, 8), 0, 256)
-  params = nn.unbox(model.init(jax.random.PRNGKey(13), tokens1, jax.random.PRNGKey(0)))['params']
+  params = nn.unbox(jit_call(model.init, jax.random.PRNGKey(13), tokens1, jax.random.PRNGKey(0)))[
+      'params'
+  ]
   # Spread the policy's probabilities so the gradient is far from zero.
   params['boundary']['proj']['kernel'] = params['boundary']['proj']['kernel'] * 60.0
   tile = lambda x, n: jnp.tile(x, (n, 1))
@@ -78,7 +81,7 @@ def _setup(window, n_rows):
 
 
 def _per_row_ce(model, params, tokens, targets, key, mode, actions=None):
-  out = model.apply({'params': params}, tokens, key, mode=mode, actions=actions)
+  out = jit_call(model.apply, {'params': params}, tokens, key, mode=mode, actions=actions)
   return losses.cross_entropy(out.logits, targets), out.boundaries
 
 

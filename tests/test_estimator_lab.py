@@ -1,6 +1,7 @@
 """The estimator lab: its statistics, and bias against exact enumeration on the tiny model for plain
 REINFORCE, the Gumbel straight-through estimator, RLOO and the value baseline (GAE(1, 1))."""
 
+from conftest import jit_call
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -165,11 +166,13 @@ def test_training_objective_with_the_new_baselines(baseline):
   c.estimator.rloo.k = 3
   config_validation.validate(c)
   model = models.build_model(c)
-  params = nn.unbox(model.init(jax.random.PRNGKey(0), *models.init_args(c, 2, 16)))['params']
+  params = nn.unbox(jit_call(model.init, jax.random.PRNGKey(0), *models.init_args(c, 2, 16)))[
+      'params'
+  ]
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 256)
   batch = {'inputs': tokens, 'targets': jnp.roll(tokens, -1, 1), 'mask': jnp.ones((2, 16))}
   obj = lambda p: losses.hierarchical_objective(model, p, batch, jax.random.PRNGKey(2), 0, c)
-  (loss, (metrics, ce)), grads = jax.value_and_grad(obj, has_aux=True)(params)
+  (loss, (metrics, ce)), grads = jax.jit(jax.value_and_grad(obj, has_aux=True))(params)
   assert ce.shape == (2, 16) and np.isfinite(float(loss))
   if baseline == 'value':
     assert 'critic' in params and float(metrics['value_loss']) > 0
@@ -179,7 +182,7 @@ def test_training_objective_with_the_new_baselines(baseline):
         jnp.ones((2, 16)),
         jnp.ones((2, 16)),
     )
-    g_enc = jax.grad(only_critic)(params)['encoder']
+    g_enc = jax.jit(jax.grad(only_critic))(params)['encoder']
     assert all(float(jnp.abs(x).sum()) == 0 for x in jax.tree.leaves(g_enc))
   else:
     assert 'critic' not in params
@@ -192,9 +195,9 @@ def test_learned_critic_variant_uses_the_models_critic_and_stays_unbiased(tiny):
   against exact enumeration (it reads no action)."""
   base = tiny['policy']
   model = base.model.clone(value_head=True)
-  init = nn.unbox(model.init(jax.random.PRNGKey(3), base.tokens[:1], jax.random.PRNGKey(0)))[
-      'params'
-  ]
+  init = nn.unbox(
+      jit_call(model.init, jax.random.PRNGKey(3), base.tokens[:1], jax.random.PRNGKey(0))
+  )['params']
   critic = jax.tree.map(lambda x: x, init['critic'])
   setup = lab.Setup(model, dict(base.params, critic=critic), base.tokens, base.targets, base.mask)
   assert (

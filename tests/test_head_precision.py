@@ -8,6 +8,7 @@ model's own bfloat16 computation in both runs. Run with `-s` to see the reward e
 
 import functools
 
+from conftest import jit_call
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -31,7 +32,7 @@ def _reference_head(next_fun, args, kwargs, context):
 
 def _rewards(model, params, batch, key, reference):
   def run():
-    out = model.apply({'params': params}, batch['inputs'], key, mode='greedy')
+    out = jit_call(model.apply, {'params': params}, batch['inputs'], key, mode='greedy')
     early = losses.cross_entropy(out.early_logits, batch['targets'])
     full = losses.cross_entropy(out.logits, batch['targets'])
     return out, early - full

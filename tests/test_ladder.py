@@ -60,15 +60,15 @@ def test_summarize_pairs_every_method_with_the_reference_at_its_best_lr():
 
 
 def _ladder(out, *extra, methods='policy'):
-  """The ladder command over tiny runs (78 steps each, checkpoints every 20).
+  """The ladder command over tiny runs (39 steps each, checkpoints every 10).
 
   Enough steps after the first checkpoint that the stop below lands before the run ends, and few
   checkpoints: each save costs about a second.
   """
   cmd = [sys.executable, '-m', 'tokjax.lab.ladder', '--tiny', '--corpus', 'stdlib']
-  cmd += ['--set', 'data.max_bytes=200000', '--set', 'train.checkpoint_every=20']
-  cmd += ['--set', 'train.log_every=10', '--set', 'eval.max_batches=2']
-  cmd += ['--budgets', '2e4', '--methods', methods, '--jobs', '1', '--progress_s', '2']
+  cmd += ['--set', 'data.max_bytes=200000', '--set', 'train.checkpoint_every=10']
+  cmd += ['--set', 'train.log_every=5', '--set', 'eval.max_batches=2']
+  cmd += ['--budgets', '1e4', '--methods', methods, '--jobs', '1', '--progress_s', '2']
   return cmd + ['--out', str(out), *extra]
 
 

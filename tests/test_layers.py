@@ -1,6 +1,7 @@
 """The block's memory and speed options: remat, scanned layers and dot_product_attention change no
 number beyond float rounding; bad option values are one-line user errors."""
 
+from conftest import jit_call
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -34,7 +35,9 @@ def _params(config, b=2, l=40):
   model = models.build_model(config)
   return (
       model,
-      nn.unbox(model.init(jax.random.PRNGKey(0), *models.init_args(config, b, l)))['params'],
+      nn.unbox(jit_call(model.init, jax.random.PRNGKey(0), *models.init_args(config, b, l)))[
+          'params'
+      ],
   )
 
 

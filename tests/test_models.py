@@ -1,5 +1,6 @@
 """Blocks, the flat model, boundaries, chunking and the whole hierarchical model (causality first)."""
 
+from conftest import jit_call
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -42,7 +43,7 @@ def test_rope_depends_on_relative_position_only():
 def test_flat_model_is_causal(window):
   model = flat.FlatByteLM(258, 32, 2, 2, 64, window=window)
   tokens = _tokens(jax.random.PRNGKey(2))
-  params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens))
+  params = nn.unbox(jit_call(model.init, jax.random.PRNGKey(0), tokens))
   t = 20
   apply = jax.jit(model.apply)
   a = apply(params, tokens).logits
@@ -69,7 +70,7 @@ def test_hierarchical_model_is_causal_including_boundary_decisions(window, capac
   model = _hier(window, capacity, rate, scale=1.0)
   key = jax.random.PRNGKey(3)
   tokens = _tokens(jax.random.PRNGKey(4), b=3, l=64)
-  params = nn.unbox(model.init(key, tokens, key))
+  params = nn.unbox(jit_call(model.init, key, tokens, key))
   apply = jax.jit(model.apply)
   base = apply(params, tokens, key)
   for t in (0, 9, 30, 62):
@@ -123,8 +124,8 @@ def test_overflow_never_exceeds_capacity_and_masks_the_gradient(window):
   model = _hier(window, capacity=5, rate=0.9, scale=1.0)
   key = jax.random.PRNGKey(5)
   tokens = _tokens(jax.random.PRNGKey(6), b=4, l=40)
-  params = nn.unbox(model.init(key, tokens, key))
-  out = model.apply(params, tokens, key)
+  params = nn.unbox(jit_call(model.init, key, tokens, key))
+  out = jit_call(model.apply, params, tokens, key)
   bnd = out.boundaries
   assert float(bnd.actions.sum(-1).max()) <= 5
   assert float(bnd.dropped.sum()) > 0
@@ -135,13 +136,13 @@ def test_overflow_never_exceeds_capacity_and_masks_the_gradient(window):
     b = model.apply(p, tokens, key).boundaries
     return jnp.sum(jnp.where(b.free, b.log_probs, 0.0))
 
-  g_free = jax.grad(surrogate)(params)['params']['boundary']['bias']
+  g_free = jax.jit(jax.grad(surrogate))(params)['params']['boundary']['bias']
 
   def surrogate_all(p):
     b = model.apply(p, tokens, key).boundaries
     return jnp.sum(b.log_probs)
 
-  g_all = jax.grad(surrogate_all)(params)['params']['boundary']['bias']
+  g_all = jax.jit(jax.grad(surrogate_all))(params)['params']['boundary']['bias']
   assert not np.isclose(g_free, g_all)  # The mask really removes the dropped (and forced) terms.
 
 
@@ -151,9 +152,11 @@ def test_sequential_sampler_matches_parallel_recomputation():
   model = _hier(window=8, capacity=10, rate=0.4, scale=1.0)
   key = jax.random.PRNGKey(7)
   tokens = _tokens(jax.random.PRNGKey(8), b=4, l=64)
-  params = nn.unbox(model.init(key, tokens, key))
-  sampled = model.apply(params, tokens, key).boundaries
-  given = model.apply(params, tokens, None, mode='given', actions=sampled.actions).boundaries
+  params = nn.unbox(jit_call(model.init, key, tokens, key))
+  sampled = jit_call(model.apply, params, tokens, key).boundaries
+  given = jit_call(
+      model.apply, params, tokens, None, mode='given', actions=sampled.actions
+  ).boundaries
   np.testing.assert_array_equal(sampled.actions, given.actions)
   np.testing.assert_allclose(sampled.log_probs, given.log_probs, atol=1e-6)
   assert float(sampled.actions.sum(-1).max()) <= 10
@@ -193,7 +196,7 @@ def test_off_policy_warm_start_draws_from_the_target_rate_and_reports_importance
   model = _hier(window=1, capacity=64, rate=0.2, scale=1.0)
   key = jax.random.PRNGKey(11)
   tokens = _tokens(jax.random.PRNGKey(12), b=8, l=64)
-  params = nn.unbox(model.init(key, tokens, key))
+  params = nn.unbox(jit_call(model.init, key, tokens, key))
   params['params']['boundary']['bias'] = jnp.asarray(3.0)  # The policy wants p = 0.95.
   apply = jax.jit(model.apply)
   off = apply(params, tokens, key, behavior=jnp.asarray(True)).boundaries
@@ -219,12 +222,14 @@ def test_flat_model_is_the_zero_stage_case_of_the_interface():
   assert (model.num_stages, model.takes_key, model.boundary_modes) == (0, False, ('sample',))
   args = model.init_args(2, 16)
   assert len(args) == 1 and args[0].shape == (2, 16)
-  params = nn.unbox(model.init(jax.random.PRNGKey(0), *args))['params']
+  params = nn.unbox(jit_call(model.init, jax.random.PRNGKey(0), *args))['params']
   tokens = _tokens(jax.random.PRNGKey(1), 2, 16)
   key = jax.random.PRNGKey(2)
-  out = model.apply({'params': params}, tokens, key, mode='greedy')
+  out = jit_call(model.apply, {'params': params}, tokens, key, mode='greedy')
   assert out.stages == () and out.values is None and out.logits.shape == (2, 16, 258)
-  np.testing.assert_array_equal(out.logits, model.apply({'params': params}, tokens).logits)
+  np.testing.assert_array_equal(
+      out.logits, jit_call(model.apply, {'params': params}, tokens).logits
+  )
   assert interface.stage_metrics(model, 'rate') == [] and interface.byte_levels(model) == 1
   targets = jnp.roll(tokens, -1, axis=1)
   mask = jnp.ones((2, 16), jnp.float32).at[1, 10:].set(0.0)

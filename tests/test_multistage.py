@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+from conftest import XLA_FAST_COMPILE, jit_call
 import numpy as np
 import pytest
 
@@ -64,7 +65,7 @@ def _init(model, *args):
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
 
-  return nn.unbox(model.init(jax.random.key(0, impl='unsafe_rbg'), *args))['params']
+  return nn.unbox(jax.jit(model.init)(jax.random.key(0, impl='unsafe_rbg'), *args))['params']
 
 
 def _small_config(stages=1, window=1):
@@ -205,7 +206,7 @@ def test_two_stage_output_has_the_documented_stage_shapes():
   )
   params = _init(model, *model.init_args(b, l))
   batch = _batch(b, l)
-  out = model.apply({'params': params}, batch['inputs'], jax.random.PRNGKey(1))
+  out = jit_call(model.apply, {'params': params}, batch['inputs'], jax.random.PRNGKey(1))
   assert out.logits.shape == (b, l, v) and out.values is None and len(out.stages) == 2
   s0, s1 = out.stages
   assert s0.boundaries is out.boundaries and s0.early_logits is out.early_logits
@@ -224,8 +225,8 @@ def test_two_stage_output_has_the_documented_stage_shapes():
     np.testing.assert_array_equal(s1.positions[row, :n], np.flatnonzero(ends[row])[:n])
     assert np.all(np.asarray(s1.positions[row, n:]) == l)
   k = 3
-  drawn = model.apply(
-      {'params': params}, batch['inputs'], jax.random.PRNGKey(1), k, method='sample_k'
+  drawn = jit_call(
+      model.apply, {'params': params}, batch['inputs'], jax.random.PRNGKey(1), k, method='sample_k'
   )
   assert drawn.logits.shape == (k * b, l, v) and drawn.early_logits.shape == (b, l, v)
   assert drawn.stages[1].early_logits.shape == (k * b, l, v)
@@ -771,7 +772,7 @@ def test_sharded_two_stage_step_equals_single_device():
 
   env = dict(
       os.environ,
-      XLA_FLAGS='--xla_force_host_platform_device_count=8',
+      XLA_FLAGS=f'--xla_force_host_platform_device_count=8 {XLA_FAST_COMPILE}',
       JAX_PLATFORMS='cpu',
       TF_CPP_MIN_LOG_LEVEL='3',
       PYTHONPATH=os.pathsep.join([REPO, os.environ.get('PYTHONPATH', '')]),

@@ -5,6 +5,7 @@ one forward pass over the generated text."""
 import json
 import os
 
+from conftest import jit_call
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -122,7 +123,7 @@ def test_generation_draws_both_levels_as_one_forward_pass_would(ckpt):
   # One pass over the final text (the spare position PAD), the boundary key of every step.
   full = jnp.pad(tokens, ((0, 0), (0, 1)), constant_values=PAD_ID)
   big = decoding.with_capacity(model, full.shape[1])
-  out = big.apply({'params': params}, full, decoding.stage_keys(key)[0], mode='sample')
+  out = jit_call(big.apply, {'params': params}, full, decoding.stage_keys(key)[0], mode='sample')
   ref = np.stack(jax.device_get(hierarchical.boundaries_in_bytes(out)), axis=1)[:, :, :-1]
   np.testing.assert_array_equal(actions, ref)
   np.testing.assert_allclose(

@@ -3,6 +3,7 @@ rates, straight-through gradients, BPE token starts, and each rate control reach
 
 import os
 
+from conftest import jit_call
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -91,7 +92,9 @@ def built(tokenizer_json, tmp_path_factory):
   def build(method):
     if method not in cache:
       model = _model(_boundary(method, tokenizer_json, tmp_path_factory.mktemp(method)))
-      params = nn.unbox(model.init(jax.random.PRNGKey(0), _text_tokens(0), jax.random.PRNGKey(3)))
+      params = nn.unbox(
+          jit_call(model.init, jax.random.PRNGKey(0), _text_tokens(0), jax.random.PRNGKey(3))
+      )
       cache[method] = params, jax.jit(model.apply, static_argnames='mode')
     return cache[method]
 
@@ -135,7 +138,7 @@ def test_straight_through_methods_get_lm_gradient(method):
   model = _model(_boundary(method))
   tokens = _text_tokens(1, b=4)
   key = jax.random.PRNGKey(5)
-  params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens, key))['params']
+  params = nn.unbox(jit_call(model.init, jax.random.PRNGKey(0), tokens, key))['params']
 
   def lm_loss(p):
     logits = model.apply({'params': p}, tokens, key).logits
@@ -151,8 +154,12 @@ def test_bpe_boundaries_are_the_tokenizer_token_starts(tokenizer_json):
   text = b'the queen and the king went to see thy noble lord, my lord; thee and'
   text = text[: L - 1]
   tokens = jnp.asarray([[BOS_ID] + list(text)], jnp.int32)
-  out = bpe.BPEGuided(tokenizer_json=tokenizer_json, capacity=L).apply(
-      {}, jnp.zeros((1, L, 4)), None, tokens=tokens
+  out = jit_call(
+      bpe.BPEGuided(tokenizer_json=tokenizer_json, capacity=L).apply,
+      {},
+      jnp.zeros((1, L, 4)),
+      None,
+      tokens=tokens,
   )
   # Token starts from the token strings themselves (ASCII: one character per byte), shifted by BOS.
   lengths = [len(s) for s in tok.encode(text.decode()).tokens]
@@ -198,7 +205,9 @@ def test_hnet_ratio_loss_reaches_target_rate():
   common_dir = jax.random.normal(jax.random.PRNGKey(99), (16,))
   inputs = lambda key: (0.3 * common_dir + _h(key)[0], None)
   module = hnet.HNetRouter(target_rate=0.2, capacity=64)
-  params = module.init(jax.random.PRNGKey(0), inputs(jax.random.PRNGKey(0))[0], None)['params']
+  params = jit_call(module.init, jax.random.PRNGKey(0), inputs(jax.random.PRNGKey(0))[0], None)[
+      'params'
+  ]
   first, last = _fit_rate(module, inputs, nn.unbox(params), 150, 1e-2)
   assert first > 0.35 and abs(last - 0.2) < 0.05, (first, last)
 
@@ -206,9 +215,9 @@ def test_hnet_ratio_loss_reaches_target_rate():
 def test_gumbel_binomial_prior_reaches_target_rate():
   module = gumbel.GumbelPooling(target_rate=0.2, capacity=64)
   params = nn.unbox(
-      module.init(jax.random.PRNGKey(0), _h(jax.random.PRNGKey(0))[0], jax.random.PRNGKey(1))[
-          'params'
-      ]
+      jit_call(
+          module.init, jax.random.PRNGKey(0), _h(jax.random.PRNGKey(0))[0], jax.random.PRNGKey(1)
+      )['params']
   )
   params['mlp_out']['bias'] = jnp.full_like(params['mlp_out']['bias'], 1.0)  # Start at rate ~0.7.
   first, last = _fit_rate(module, _h, params, 150, 1e-2)
@@ -222,7 +231,8 @@ def test_entropy_threshold_reaches_target_rate():
     return jnp.zeros((8, 64, 4)), scale * jax.random.normal(k2, (8, 64, 258))
 
   module = entropy.EntropySpikes(target_rate=0.2, capacity=64)
-  params = module.init(
+  params = jit_call(
+      module.init,
       jax.random.PRNGKey(0),
       jnp.zeros((8, 64, 4)),
       None,
@@ -257,8 +267,8 @@ def test_entropy_method_does_not_start_at_rate_one():
   above it, so the first steps do not end a chunk at every byte."""
   model = _model(entropy.EntropySpikes(target_rate=0.2, capacity=L))
   tokens = _text_tokens(4, b=4)
-  params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens, jax.random.PRNGKey(1)))
-  bnd = model.apply(params, tokens, jax.random.PRNGKey(1)).boundaries
+  params = nn.unbox(jit_call(model.init, jax.random.PRNGKey(0), tokens, jax.random.PRNGKey(1)))
+  bnd = jit_call(model.apply, params, tokens, jax.random.PRNGKey(1)).boundaries
   assert float(bnd.stats['entropy_threshold']) > np.log(258)
   assert float(jnp.mean(bnd.actions[:, 1:-1])) < 0.2
 
@@ -283,8 +293,8 @@ def test_independent_policy_starts_at_the_target_rate_at_large_width():
   tokens = _text_tokens(5, b=8)
   rates = []
   for seed in range(4):
-    params = nn.unbox(model.init(jax.random.PRNGKey(seed), tokens, jax.random.PRNGKey(0)))
-    probs = model.apply(params, tokens, jax.random.PRNGKey(1)).boundaries.probs
+    params = nn.unbox(jit_call(model.init, jax.random.PRNGKey(seed), tokens, jax.random.PRNGKey(0)))
+    probs = jit_call(model.apply, params, tokens, jax.random.PRNGKey(1)).boundaries.probs
     rates.append(float(jnp.mean(probs[:, 1:-1])))
   assert abs(np.mean(rates) - 0.2) < 0.01, rates
 
@@ -294,10 +304,10 @@ def test_sequential_policy_starts_exactly_at_the_target_rate():
   exactly (a bias of logit(0.2) outside the softcap's inverse gave 0.2037)."""
   model = _policy_model(32, 2, 8)
   tokens = _text_tokens(6, b=2)
-  params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens, jax.random.PRNGKey(0)))
+  params = nn.unbox(jit_call(model.init, jax.random.PRNGKey(0), tokens, jax.random.PRNGKey(0)))
   proj = params['params']['boundary']['proj']
   proj['kernel'] = jnp.zeros_like(proj['kernel'])
-  probs = model.apply(params, tokens, jax.random.PRNGKey(1)).boundaries.probs
+  probs = jit_call(model.apply, params, tokens, jax.random.PRNGKey(1)).boundaries.probs
   np.testing.assert_allclose(np.asarray(probs), 0.2, atol=1e-6)
 
 

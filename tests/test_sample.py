@@ -1,5 +1,6 @@
 """Tests of cached generation: it agrees with recomputing the whole model for every byte."""
 
+from conftest import jit_call
 import flax.linen as nn
 import jax
 import numpy as np
@@ -17,7 +18,9 @@ def _fresh(window: int):
       4.0,
   )  # A sequential policy reads its own history.
   model = models.build_model(c)
-  params = nn.unbox(model.init(jax.random.PRNGKey(1), *models.init_args(c, 1, 32))['params'])
+  params = nn.unbox(
+      jit_call(model.init, jax.random.PRNGKey(1), *models.init_args(c, 1, 32))['params']
+  )
   if window == 1:  # The independent policy has no logit scale: spread its logits directly instead.
     params['boundary']['proj']['kernel'] = params['boundary']['proj']['kernel'] * 100.0
   return model, params

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+from conftest import jit_call
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,9 @@ def _fresh_model(byte_window=8, seq_len=48):
   c.data.seq_len = seq_len
   c.boundary.policy.scale = 4.0  # Spread the untrained policy's probabilities so boundaries vary.
   model = models.build_model(c)
-  params = nn.unbox(model.init(jax.random.PRNGKey(3), *models.init_args(c, 1, seq_len))['params'])
+  params = nn.unbox(
+      jit_call(model.init, jax.random.PRNGKey(3), *models.init_args(c, 1, seq_len))['params']
+  )
   params['boundary']['bias'] = jnp.zeros(())  # p near 0.5: greedy boundaries on some bytes only.
   return c, model, params
 
@@ -63,7 +66,8 @@ def test_windows_leave_no_seams():
   )
   long = jnp.asarray([[BOS_ID] + list(text) + [PAD_ID]], jnp.int32)
   big = model.clone(capacity=long.shape[1], boundary=model.boundary.clone(capacity=long.shape[1]))
-  ref = big.apply({'params': params}, long, jax.random.PRNGKey(0), mode='greedy').boundaries
+  ref = jit_call(big.apply, {'params': params}, long, jax.random.PRNGKey(0), mode='greedy')
+  ref = ref.boundaries
   assert actions.shape == probs.shape == (1, len(text))  # [levels, bytes]: one stage.
   actions, probs = actions[0], probs[0]
   np.testing.assert_allclose(probs, np.asarray(ref.probs[0, 1:-1]), atol=1e-5)

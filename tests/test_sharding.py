@@ -268,9 +268,11 @@ def _rivals_available():
 @pytest.fixture(scope='module')
 def results():
   """Runs both groups in parallel subprocesses on 8 simulated CPU devices; {group: JSON result}."""
+  from conftest import XLA_FAST_COMPILE  # pylint: disable=g-import-not-at-top  (a script too)
+
   env = dict(
       os.environ,
-      XLA_FLAGS='--xla_force_host_platform_device_count=8',
+      XLA_FLAGS=f'--xla_force_host_platform_device_count=8 {XLA_FAST_COMPILE}',
       JAX_PLATFORMS='cpu',
       TF_CPP_MIN_LOG_LEVEL='3',
   )
@@ -304,12 +306,14 @@ def _free_port():
 def test_two_processes_build_the_same_global_batches():
   """Multi-host data path on 2 CPU processes: maybe_initialize joins them, eval batches keep their
   global rows and order, train batches are assembled from each process's own rows."""
+  from conftest import XLA_FAST_COMPILE  # pylint: disable=g-import-not-at-top  (a script too)
+
   port = _free_port()
   procs = []
   for pid in range(2):
     env = dict(
         os.environ,
-        XLA_FLAGS='--xla_force_host_platform_device_count=4',
+        XLA_FLAGS=f'--xla_force_host_platform_device_count=4 {XLA_FAST_COMPILE}',
         JAX_PLATFORMS='cpu',
         JAX_COORDINATOR_ADDRESS=f'localhost:{port}',
         JAX_NUM_PROCESSES='2',
