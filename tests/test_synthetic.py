@@ -201,7 +201,10 @@ def test_phrase_evaluation_writes_its_table(tiny_two_stage_run, tmp_path):
       ev['final_cols']['sample']['L0_phrase_free_hits'].sum()
       / ev['final_cols']['sample']['L0_free_hits'].sum()
   )
-  runs = {'learned': {'wall_s': 1.0, 'overrides': {}, 'curve': ev['curve']}}
+  probs = ev['stage1_probs']
+  assert 0 <= probs['p1_phrase'] <= 1 and 0 <= probs['p1_other'] <= 1
+  assert probs['p1_gap'] == pytest.approx(probs['p1_phrase'] - probs['p1_other'])
+  runs = {'learned': {'wall_s': 1.0, 'overrides': {}, 'curve': ev['curve'], 'stage1_probs': probs}}
   cols = {'learned': ev['final_cols'], 'uniform': ev['final_cols']}
   comparisons = synthetic.phrase_comparisons(cols)
   assert [c['diff'] for c in comparisons if c['mode'] == 'sample'] == [0.0]  # A run against itself.

@@ -1,6 +1,7 @@
 r"""The synthetic learning check: a corpus with planted segments, and how well learned boundaries find them.
 
   python -m tokjax.lab.synthetic [--steps 800] [--out results/synthetic]
+  python -m tokjax.lab.synthetic --design phrases [--steps 600] [--out results/synthetic/phrases]
 
 THE CORPUS (`CorpusSpec`). Words of min_len..max_len bytes (mean 5, so the planted segment rate is the
 target rate 0.2): by default fresh random lowercase letters closed by a space (`--lexicon_size N` draws
@@ -29,6 +30,19 @@ position is forced), the boundary rate, and bits-per-byte with the run's own sam
 with *given* boundaries -- the planted ends ('oracle_bpb') and Bernoulli noise at the planted rate
 ('random_bpb'); 'copy_' variants count only the bytes of copied halves. Writes OUT/results.json and
 OUT/results.md (F1 and bpb against steps, per run).
+
+THE TWO-LEVEL DESIGN (`--design phrases`; `PhraseSpec`, `phrase_experiment`). Words of a fixed
+lexicon, each closed by a space, in phrases of a fixed phrase book, each closed by ',' or '.'
+('word, ' ends a phrase); blocks of phrases of at least min_distance bytes, each followed by its
+exact copy, so a copied phrase's original lies beyond the stage-1 layers' window
+(configs/synthetic_two_stage.py: 32 bytes). Runs: the variants of configs/synthetic_two_stage.py
+(learned, uniform, no_rl), trained in WORKDIR/RUN by `common.train_or_load`; `--set
+RUN:path=VALUE` overrides a config field of one run. Every checkpoint is scored by the run's
+Evaluator on fresh held-out documents, one document at a time, against multistage's phrase
+reference (`PHRASE_REFERENCES`): the share of stage-1 chunk ends at phrase ends, against its chance
+level (the share of the run's own stage-0 chunk ends there), each with its standard error over
+documents, and the learned run's difference to each control paired over the same documents.
+Writes OUT/results.{md,json} and OUT/curves.png.
 """
 
 import ast
@@ -44,7 +58,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import boundary_stats, checkpointing, cli, config_files, config_validation, evaluation
+from tokjax import (
+    boundary_stats,
+    checkpointing,
+    cli,
+    config_files,
+    config_validation,
+    evaluation,
+    segmentation,
+)
 from tokjax import train as train_lib
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
@@ -620,9 +642,39 @@ def phrase_summary(cols: dict) -> dict:
   return m
 
 
+def stage1_probabilities(ckpt, texts, key) -> dict:
+  """How sure stage 1 is where it decides: its boundary probability at the stage-0 chunk ends
+  (sampled, as in training; unforced positions) that sit at a phrase end and at the others, each a
+  mean over those ends with its standard error over documents, and their difference paired over
+  documents. A greedy stage 1 (p > 1/2) ends chunks only where p crosses 1/2."""
+  sums = {k: np.zeros(len(texts)) for k in ('p_phrase', 'n_phrase', 'p_other', 'n_other')}
+  for d, text in enumerate(texts):
+    _, actions, probs = segmentation.boundaries_for(
+        ckpt.model,
+        ckpt.params,
+        text,
+        ckpt.config.data.seq_len,
+        jax.random.fold_in(key, d),
+        'sample',
+    )
+    ends = actions[0] > 0.5
+    ends[-1] = False  # Forced when the text fills the window.
+    phrase = multistage.phrase_end(np.frombuffer(text, np.uint8)[None])[0][: len(ends)]
+    for name, where in (('phrase', ends & phrase), ('other', ends & ~phrase)):
+      sums[f'p_{name}'][d], sums[f'n_{name}'][d] = probs[1][where].sum(), where.sum()
+  m = {}
+  for name in ('phrase', 'other'):
+    m[f'p1_{name}'], m[f'p1_{name}_se'] = share_and_se(sums[f'p_{name}'], sums[f'n_{name}'])
+  m['p1_gap'], m['p1_gap_se'] = paired_share_difference(
+      sums['p_phrase'], sums['n_phrase'], sums['p_other'], sums['n_other']
+  )
+  return m
+
+
 def evaluate_phrase_run(workdir: str, texts, key, every_checkpoint: bool = True) -> dict:
   """{'curve': [{'step', mode: phrase_summary}] over the run's checkpoints (or its last only),
-  'final_cols': the last checkpoint's per-document columns}: one compiled evaluator for all."""
+  'final_cols': the last checkpoint's per-document columns, 'stage1_probs': its
+  `stage1_probabilities`}: one compiled evaluator for all."""
   ckpt = checkpointing.load_checkpoint(workdir)
   steps = ckpt.steps() if every_checkpoint else [ckpt.step]
   curve, cols = [], None
@@ -630,7 +682,11 @@ def evaluate_phrase_run(workdir: str, texts, key, every_checkpoint: bool = True)
     params = ckpt.params if s == ckpt.step else ckpt.at(s).params
     cols = per_document_counts(ckpt.evaluator, params, texts, key)
     curve.append({'step': s, **{m: phrase_summary(c) for m, c in cols.items()}})
-  return {'curve': curve, 'final_cols': cols}
+  return {
+      'curve': curve,
+      'final_cols': cols,
+      'stage1_probs': stage1_probabilities(ckpt, texts, key),
+  }
 
 
 def phrase_comparisons(cols: dict, method: str = 'learned') -> list[dict]:
@@ -687,6 +743,24 @@ def write_phrase_results(out: str, meta: dict, runs: dict, comparisons: list[dic
           f'{f(m["lift"], 3)} +- {f(m["lift_se"], 3)} | {f(m["phrase_recall1"], 3)}'
       )
   lines += ['## At the last step', '', *common.table(head, body), '']
+  lines += [
+      '## How sure stage 1 is (last step, sampled stage-0 ends)',
+      '',
+      "Stage 1's boundary probability at the stage-0 chunk ends on a phrase end and at the others "
+      '(mean over those ends +- s.e. over documents; gap paired over documents). Greedy stage-1 '
+      'boundaries need p > 1/2.',
+      '',
+      *common.table(
+          'run | p1 at phrase ends | p1 elsewhere | gap',
+          (
+              f'{name} | {f(p["p1_phrase"], 3)} +- {f(p["p1_phrase_se"], 3)} | '
+              f'{f(p["p1_other"], 3)} +- {f(p["p1_other_se"], 3)} | '
+              f'{f(p["p1_gap"], 3)} +- {f(p["p1_gap_se"], 3)}'
+              for name, p in ((n, r['stage1_probs']) for n, r in runs.items())
+          ),
+      ),
+      '',
+  ]
   if comparisons:
     lines += [
         '## Stage-1 phrase precision, learned minus each control (paired over documents)',
