@@ -1,10 +1,15 @@
-"""Tests of the synthetic planted-segment corpus and the boundary F1 of tokjax/lab/synthetic.py."""
+"""Tests of the synthetic planted-segment corpora, the boundary F1 and the two-level experiment of
+tokjax/lab/synthetic.py."""
 
+import json
+
+import jax
 import numpy as np
 import pytest
 
+from tokjax import checkpointing, config_files
 from tokjax.data import BOS_ID, PAD_ID
-from tokjax.lab import synthetic
+from tokjax.lab import multistage, synthetic
 from tokjax.models.rivals import rules
 
 N_BYTES = 127
@@ -105,3 +110,119 @@ def test_eval_arrays_align_with_the_boundary_convention():
   np.testing.assert_array_equal(rule[:, 1:-1], arr['oracle'][:, 1:-1])
   with pytest.raises(synthetic.UserError):
     synthetic.eval_arrays(docs, N_BYTES)
+
+
+# -- the two-level design: phrases of words ---------------------------------------------------------
+
+
+def test_phrase_corpus_has_the_planted_structure():
+  spec = synthetic.PhraseSpec()
+  window = config_files.load('synthetic_two_stage').stages.window[0]
+  assert spec.min_distance > window  # The copies lie beyond the stage-1 layers' window.
+  book = {b''.join(p) for p in synthetic.make_phrase_book(np.random.default_rng(2), spec)}
+  assert len(book) == spec.phrase_book
+  docs = synthetic.make_phrase_corpus(seed=1, book_seed=2, num_docs=20, n_bytes=N_BYTES, spec=spec)
+  for doc in docs:
+    text = np.frombuffer(doc.text, np.uint8)
+    assert len(text) == N_BYTES == len(doc.copied)
+    # Words end at the spaces, and the phrases are phrases of the book, each ending a word.
+    np.testing.assert_array_equal(doc.word_ends, np.flatnonzero(text == ord(' ')))
+    assert set(doc.phrase_ends.tolist()) <= set(doc.word_ends.tolist())
+    starts = np.concatenate([[0], doc.phrase_ends[:-1] + 1])
+    assert all(doc.text[s : e + 1] in book for s, e in zip(starts, doc.phrase_ends))
+    # The experiment's phrase reference marks each phrase's mark and the space after it.
+    marked = np.flatnonzero(multistage.phrase_end(text[None])[0])
+    want = set(doc.phrase_ends.tolist()) | set((doc.phrase_ends - 1).tolist())
+    if text[-1] in spec.marks:  # A mark whose space the document's end cut off.
+      want.add(N_BYTES - 1)
+    assert marked.tolist() == sorted(want)
+    # Each block is copied right after itself, at least min_distance bytes later, and those bytes
+    # alone are marked copied.
+    assert doc.copies and doc.copied.sum() == sum(n for _, _, n in doc.copies)
+    for src, dst, n in doc.copies:
+      assert dst - src >= spec.min_distance and (src == 0 or src - 1 in doc.phrase_ends)
+      assert doc.text[dst : dst + n] == doc.text[src : src + n] and doc.copied[dst : dst + n].all()
+  again = synthetic.make_phrase_corpus(seed=1, book_seed=2, num_docs=20, n_bytes=N_BYTES, spec=spec)
+  assert [d.text for d in again] == [d.text for d in docs]
+
+
+def test_share_statistics_by_hand():
+  share, se = synthetic.share_and_se([1, 2, 0], [2, 2, 1])
+  r = 3 / 5
+  resid = np.array([1 - 2 * r, 2 - 2 * r, 0 - r])
+  assert share == pytest.approx(r) and se == pytest.approx(np.sqrt(1.5 * np.sum(resid**2)) / 5)
+  # A paired difference of a share with itself is exactly zero, with zero spread.
+  assert synthetic.paired_share_difference([1, 2], [2, 2], [1, 2], [2, 2]) == (0.0, 0.0)
+  diff, se = synthetic.paired_share_difference([2, 2], [2, 2], [1, 1], [2, 2])
+  assert diff == pytest.approx(0.5) and se == pytest.approx(0.0)
+  assert np.isnan(synthetic.paired_share_difference([0], [0], [1], [1])[0])
+
+
+def test_parse_overrides():
+  got = synthetic.parse_overrides(['learned:stages.lambda_rl=(0.5,)', 'no_rl:seed=3'])
+  assert got == {'learned': {'stages.lambda_rl': (0.5,)}, 'no_rl': {'seed': 3}}
+  for bad in ('learned', 'learned:stages.lambda_rl', 'learned:x=not a literal'):
+    with pytest.raises(synthetic.UserError):
+      synthetic.parse_overrides([bad])
+
+
+def test_phrase_config_applies_the_files_and_the_commands_overrides():
+  c = synthetic.phrase_config('no_rl', 'corpus', 4, 2, 0, {'stages.gamma': (0.5,)}, tiny=True)
+  assert tuple(c.stages.lambda_rl) == (0.0,) and tuple(c.stages.gamma) == (0.5,)
+  assert c.data.corpus == 'corpus' and c.model.stages == 2
+  assert tuple(synthetic.phrase_config('uniform', '', 4, 2, 0).stages.method) == ('uniform',)
+  with pytest.raises(synthetic.UserError):
+    synthetic.phrase_config('no_rl', '', 4, 2, 0, {'stages.no_such_field': 1})
+
+
+def test_phrase_evaluation_writes_its_table(tiny_two_stage_run, tmp_path):
+  # The session's trained two-stage run stands in for the experiment's (its training is the trainer's).
+  ckpt = checkpointing.load_checkpoint(tiny_two_stage_run[0])
+  n = ckpt.config.data.seq_len - 1
+  texts = [d.text for d in synthetic.make_phrase_corpus(0, 0, 3, n)]
+  key = jax.random.PRNGKey(0)
+  ev = synthetic.evaluate_phrase_run(tiny_two_stage_run[0], texts, key, every_checkpoint=False)
+  # Scored one document at a time, the counts add up to those of all documents scored together.
+  whole = ckpt.evaluator.run(
+      ckpt.params,
+      texts,
+      key,
+      modes=('greedy',),
+      references=synthetic.PHRASE_REFERENCES,
+      counts=True,
+  )['greedy']['counts']
+  for s in (0, 1):
+    for name in ('free', 'phrase_free'):
+      assert ev['final_cols']['greedy'][f'L{s}_{name}_hits'].sum() == whole[s][name].hits
+  last = ev['curve'][-1]
+  assert last['step'] == ckpt.step and last['sample']['documents'] == 3
+  m = last['sample']
+  assert m['phrase_precision0'] == pytest.approx(
+      ev['final_cols']['sample']['L0_phrase_free_hits'].sum()
+      / ev['final_cols']['sample']['L0_free_hits'].sum()
+  )
+  probs = ev['stage1_probs']
+  assert 0 <= probs['p1_phrase'] <= 1 and 0 <= probs['p1_other'] <= 1
+  assert probs['p1_gap'] == pytest.approx(probs['p1_phrase'] - probs['p1_other'])
+  runs = {'learned': {'wall_s': 1.0, 'overrides': {}, 'curve': ev['curve'], 'stage1_probs': probs}}
+  cols = {'learned': ev['final_cols'], 'uniform': ev['final_cols']}
+  comparisons = synthetic.phrase_comparisons(cols)
+  assert [c['diff'] for c in comparisons if c['mode'] == 'sample'] == [0.0]  # A run against itself.
+  synthetic.write_phrase_results(
+      str(tmp_path),
+      {
+          'command': 'cmd',
+          'corpus': {},
+          'stage1_window': 32,
+          'seq_len': n + 1,
+          'steps': ckpt.step,
+          'train_docs': 0,
+          'eval_docs': 3,
+      },
+      runs,
+      comparisons,
+  )
+  md = (tmp_path / 'results.md').read_text()
+  assert '| learned | sample |' in md and '| uniform | sample |' in md
+  assert json.loads((tmp_path / 'results.json').read_text())['runs']['learned']['curve']
+  assert (tmp_path / 'curves.png').exists()

@@ -1,6 +1,7 @@
 r"""The synthetic learning check: a corpus with planted segments, and how well learned boundaries find them.
 
   python -m tokjax.lab.synthetic [--steps 800] [--out results/synthetic]
+  python -m tokjax.lab.synthetic --design phrases [--steps 600] [--out results/synthetic/phrases]
 
 THE CORPUS (`CorpusSpec`). Words of min_len..max_len bytes (mean 5, so the planted segment rate is the
 target rate 0.2): by default fresh random lowercase letters closed by a space (`--lexicon_size N` draws
@@ -29,10 +30,25 @@ position is forced), the boundary rate, and bits-per-byte with the run's own sam
 with *given* boundaries -- the planted ends ('oracle_bpb') and Bernoulli noise at the planted rate
 ('random_bpb'); 'copy_' variants count only the bytes of copied halves. Writes OUT/results.json and
 OUT/results.md (F1 and bpb against steps, per run).
+
+THE TWO-LEVEL DESIGN (`--design phrases`; `PhraseSpec`, `phrase_experiment`). Words of a fixed
+lexicon, each closed by a space, in phrases of a fixed phrase book, each closed by ',' or '.'
+('word, ' ends a phrase); blocks of phrases of at least min_distance bytes, each followed by its
+exact copy, so a copied phrase's original lies beyond the stage-1 layers' window
+(configs/synthetic_two_stage.py: 32 bytes). Runs: the variants of configs/synthetic_two_stage.py
+(learned, uniform, no_rl), trained in WORKDIR/RUN by `common.train_or_load`; `--set
+RUN:path=VALUE` overrides a config field of one run. Every checkpoint is scored by the run's
+Evaluator on fresh held-out documents, one document at a time, against multistage's phrase
+reference (`PHRASE_REFERENCES`): the share of stage-1 chunk ends at phrase ends, against its chance
+level (the share of the run's own stage-0 chunk ends there), each with its standard error over
+documents, and the learned run's difference to each control paired over the same documents.
+Writes OUT/results.{md,json} and OUT/curves.png.
 """
 
+import ast
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -42,11 +58,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import boundary_stats, checkpointing, cli, config_files, evaluation
+from tokjax import (
+    boundary_stats,
+    checkpointing,
+    cli,
+    config_files,
+    config_validation,
+    evaluation,
+    segmentation,
+)
 from tokjax import train as train_lib
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
-from tokjax.lab import common
+from tokjax.lab import common, multistage
 from tokjax.losses import cross_entropy
 
 
@@ -55,15 +79,38 @@ def run_names() -> tuple[str, ...]:
   return tuple(config_files.load_module('synthetic_cpu').VARIANTS)
 
 
+def phrase_run_names() -> tuple[str, ...]:
+  """The runs of the two-level design: the variants of configs/synthetic_two_stage.py."""
+  return tuple(config_files.load_module('synthetic_two_stage').VARIANTS)
+
+
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
   _STEPS = flags.DEFINE_integer('steps', 800, 'Training steps of each run.')
+  _DESIGN = flags.DEFINE_enum(
+      'design',
+      'words',
+      ['words', 'phrases'],
+      'words: planted word ends, one stage (configs/synthetic_cpu.py); phrases: words in phrases, '
+      'two stages (configs/synthetic_two_stage.py).',
+  )
   _OUT = flags.DEFINE_string(
-      'out', 'results/synthetic', 'Results folder (results.md, results.json).'
+      'out',
+      '',
+      'Results folder (results.md, results.json; default results/synthetic, for phrases '
+      'results/synthetic/phrases).',
   )
   _WORKDIR = flags.DEFINE_string(
       'workdir',
-      'runs/synthetic',
-      'Folder of the generated corpus and the ' 'training runs (kept out of the results folder).',
+      '',
+      'Folder of the generated corpus and the training runs, kept out of the results folder '
+      '(default runs/synthetic, for phrases runs/synthetic_phrases).',
+  )
+  _TINY = flags.DEFINE_bool('tiny', False, 'phrases: tiny models (smoke tests).')
+  _SET = flags.DEFINE_multi_string(
+      'set',
+      [],
+      'phrases: RUN:path.to.field=VALUE sets a config field of one run on top of '
+      'configs/synthetic_two_stage.py (repeatable).',
   )
   _EVAL_EVERY = flags.DEFINE_integer(
       'eval_every', 100, 'Checkpoint and evaluate every this many steps.'
@@ -73,7 +120,13 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
       'eval_docs', 128, 'Held-out documents scored at every checkpoint.'
   )
   _RUNS = flags.DEFINE_list(
-      'runs', ','.join(run_names()), 'Runs to train, some of ' + ','.join(run_names()) + '.'
+      'runs',
+      [],
+      'Runs to train (default all): words: some of '
+      + ','.join(run_names())
+      + '; phrases: some of '
+      + ','.join(phrase_run_names())
+      + '.',
   )
   _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the corpus and the runs.')
   _LEXICON = flags.DEFINE_integer(
@@ -163,7 +216,95 @@ def make_corpus(
   return [make_document(rng, lexicon, n_bytes, spec) for _ in range(num_docs)]
 
 
-def write_corpus(folder: str, docs: list[Document]) -> None:
+@dataclasses.dataclass(frozen=True)
+class PhraseSpec:
+  """The two-level generator's knobs. Words: `lexicon_size` fixed random words of min_len..max_len
+  bytes, each closed by a space. Phrases: a fixed book of `phrase_book` phrases of min_words..max_words
+  lexicon words, each closed by one of `marks` (its last word reads 'word, ' or 'word. ': the mark
+  sits before the word's space). A block: phrases drawn from the book until it holds at least
+  min_distance bytes, then followed by an exact copy of itself, so every copied byte sits
+  min_distance bytes or more after its original, beyond a stage-1 window of fewer bytes.
+  """
+
+  lexicon_size: int = 64
+  min_len: int = 3
+  max_len: int = 7
+  phrase_book: int = 32
+  min_words: int = 2
+  max_words: int = 4
+  marks: bytes = b',.'
+  min_distance: int = 40
+
+
+@dataclasses.dataclass(frozen=True)
+class PhraseDocument:
+  """text: the document's bytes; word_ends, phrase_ends: int32[n] indices of the last byte of each
+  complete word (its space) and of each complete phrase (its last word's space; ascending);
+  copied: bool[len(text)] marks bytes of a block's copy; copies: (source start, copy start, bytes)
+  of each block's copy (cut at the document's end)."""
+
+  text: bytes
+  word_ends: np.ndarray
+  phrase_ends: np.ndarray
+  copied: np.ndarray
+  copies: tuple[tuple[int, int, int], ...]
+
+
+def make_phrase_book(rng: np.random.Generator, spec: PhraseSpec) -> list[list[bytes]]:
+  """`spec.phrase_book` distinct phrases, each a list of words; a phrase's last word carries its
+  mark before the space."""
+  lexicon = make_lexicon(
+      rng, CorpusSpec(lexicon_size=spec.lexicon_size, min_len=spec.min_len, max_len=spec.max_len)
+  )
+  book = set()
+  while len(book) < spec.phrase_book:
+    n = int(rng.integers(spec.min_words, spec.max_words + 1))
+    words = [lexicon[i] for i in rng.integers(0, len(lexicon), n)]
+    mark = spec.marks[int(rng.integers(0, len(spec.marks)))]
+    book.add(tuple(words[:-1]) + (words[-1][:-1] + bytes([mark]) + b' ',))
+  return [list(p) for p in sorted(book)]
+
+
+def make_phrase_document(
+    rng: np.random.Generator, book: list[list[bytes]], n_bytes: int, spec: PhraseSpec
+) -> PhraseDocument:
+  """One document of exactly n_bytes bytes: blocks of phrases from `book`, each block followed by
+  its copy (see PhraseSpec)."""
+  phrases, copies, total = [], [], 0
+  while total < n_bytes:
+    block, size = [], 0
+    while size < spec.min_distance:
+      block.append(book[int(rng.integers(0, len(book)))])
+      size += sum(map(len, block[-1]))
+    phrases += block + block
+    copies.append((total, total + size, max(0, min(size, n_bytes - total - size))))
+    total += 2 * size
+  words = [w for p in phrases for w in p]
+  text = b''.join(words)[:n_bytes]
+  word_ends = np.cumsum([len(w) for w in words]) - 1
+  phrase_ends = np.cumsum([sum(map(len, p)) for p in phrases]) - 1
+  copied = np.zeros(n_bytes, bool)
+  for _, start, size in copies:
+    copied[start : start + size] = True
+  return PhraseDocument(
+      text=text,
+      word_ends=word_ends[word_ends < n_bytes].astype(np.int32),
+      phrase_ends=phrase_ends[phrase_ends < n_bytes].astype(np.int32),
+      copied=copied,
+      copies=tuple(c for c in copies if c[2] > 0),
+  )
+
+
+def make_phrase_corpus(
+    seed: int, book_seed: int, num_docs: int, n_bytes: int, spec: PhraseSpec = PhraseSpec()
+) -> list[PhraseDocument]:
+  """num_docs documents drawn with `seed` over the phrase book drawn with `book_seed`."""
+  book = make_phrase_book(np.random.default_rng(book_seed), spec)
+  rng = np.random.default_rng(seed)
+  return [make_phrase_document(rng, book, n_bytes, spec) for _ in range(num_docs)]
+
+
+def write_corpus(folder: str, docs) -> None:
   """One file per document (doc_00000.txt, ...), the folder layout `config.data.corpus` reads."""
   os.makedirs(folder, exist_ok=True)
   for i, d in enumerate(docs):
@@ -362,14 +503,402 @@ def write_results(out: str, command: str, spec: CorpusSpec, curves: dict, second
   common.write_results(out, data, lines)
 
 
+# -- the two-level design: phrases of words ---------------------------------------------------------
+
+
+def interior(tokens, positions=None):
+  """bool[B, L]: input positions 1..L-2 of each row, where no boundary is forced (a reference)."""
+  del positions
+  m = np.zeros(np.shape(tokens), bool)
+  m[:, 1:-1] = True
+  return m
+
+
+def _both(a, b):
+  return lambda tokens, positions=None: a(tokens, positions) & b(tokens, positions)
+
+
+# Scored at every level through the Evaluator: a chunk end's hits on 'free' count the chunk ends at
+# unforced positions, on 'phrase_free' those of them at phrase ends (multistage's reference: the mark
+# or the space after it), on 'word_free' those at spaces.
+PHRASE_REFERENCES = {
+    'phrase': multistage.phrase_end,
+    'free': interior,
+    'phrase_free': _both(multistage.phrase_end, interior),
+    'word_free': _both(boundary_stats.whitespace, interior),
+}
+PHRASE_MODES = ('greedy', 'sample')
+
+
+def parse_overrides(entries) -> dict[str, dict]:
+  """['RUN:path.to.field=VALUE', ...] -> {RUN: {'path.to.field': value}} (VALUE a Python literal)."""
+  out = {}
+  for e in entries:
+    run, sep, rest = e.partition(':')
+    path, eq, text = rest.partition('=')
+    if not (sep and eq and run and path):
+      raise UserError(f'--set {e!r}: write RUN:path.to.field=VALUE.')
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      raise UserError(f'--set {e!r}: {text!r} is not a Python literal.') from None
+    out.setdefault(run, {})[path] = value
+  return out
+
+
+def phrase_config(
+    name: str, corpus: str, steps: int, eval_every: int, seed: int, overrides=None, tiny=False
+):
+  """configs/synthetic_two_stage.py:NAME[,tiny] with the command's corpus, seed and schedule, and
+  the command's extra overrides of that run ({'path.to.field': value}) on top of the file's."""
+  if name not in phrase_run_names():
+    raise UserError(f'unknown run {name!r}; use some of {",".join(phrase_run_names())}.')
+  module = config_files.load_module('synthetic_two_stage')
+  c = module.get_config(f'{name},tiny' if tiny else name)
+  try:
+    module.apply_overrides(c, overrides or {})
+  except (KeyError, AttributeError, TypeError) as e:
+    raise UserError(f'run {name}: cannot set {overrides}: {e}.') from None
+  c.data.corpus = corpus
+  c.seed = seed
+  c.train.update(
+      steps=steps,
+      eval_every=eval_every,
+      checkpoint_every=eval_every,
+      keep_checkpoints=steps // eval_every + 2,
+  )
+  config_validation.validate(c)
+  return c
+
+
+def per_document_counts(evaluator, params, texts, key, modes=PHRASE_MODES) -> dict:
+  """Each document scored alone by the Evaluator (so every statistic has a per-document value).
+
+  Returns {mode: {'ce', 'bytes': float64[D], and per level s and reference r of PHRASE_REFERENCES
+  'L{s}_{r}_hits', 'L{s}_{r}_refs': float64[D]}} (boundary_stats.Counts of document d alone).
+  """
+  out = {m: {} for m in modes}
+  for d, text in enumerate(texts):
+    r = evaluator.run(
+        params,
+        [text],
+        jax.random.fold_in(key, d),
+        modes=modes,
+        references=PHRASE_REFERENCES,
+        counts=True,
+    )
+    for m in modes:
+      row = {'ce': r[m]['unit_ce'][0], 'bytes': r[m]['unit_bytes'][0]}
+      for s, level in enumerate(r[m]['counts']):
+        for name, c in level.items():
+          row[f'L{s}_{name}_hits'], row[f'L{s}_{name}_refs'] = float(c.hits), float(c.refs)
+      for k, v in row.items():
+        out[m].setdefault(k, []).append(v)
+  return {m: {k: np.asarray(v, np.float64) for k, v in cols.items()} for m, cols in out.items()}
+
+
+def share_and_se(num, den) -> tuple[float, float]:
+  """sum(num) / sum(den) over documents and its ratio-estimator standard error (documents as
+  units; `evaluation.ratio_and_se`, whose bits-per-byte scaling by 1 / ln 2 is undone here)."""
+  r, se = evaluation.ratio_and_se(num, den)
+  return r * math.log(2), se * math.log(2)
+
+
+def paired_share_difference(num_a, den_a, num_b, den_b) -> tuple[float, float]:
+  """R_a - R_b of two shares over the same documents (R = sum(num) / sum(den)) and its standard
+  error: the ratio estimator's linearisation z_d = (num_a - R_a den_a) / sum(den_a) - (the same of
+  b), se = sqrt(D / (D - 1) sum_d z_d^2). Documents where either den is 0 still count (z_d from the
+  other side); NaN when a side has no denominator at all."""
+  num_a, den_a, num_b, den_b = (np.asarray(x, np.float64) for x in (num_a, den_a, num_b, den_b))
+  if den_a.sum() == 0 or den_b.sum() == 0:  # A side without ends has no share to compare.
+    return math.nan, math.nan
+  ra, rb = num_a.sum() / max(den_a.sum(), 1), num_b.sum() / max(den_b.sum(), 1)
+  z = (num_a - ra * den_a) / max(den_a.sum(), 1) - (num_b - rb * den_b) / max(den_b.sum(), 1)
+  d = len(z)
+  return float(ra - rb), float(math.sqrt(d / (d - 1) * np.sum(z**2))) if d > 1 else math.nan
+
+
+def phrase_summary(cols: dict) -> dict:
+  """The table's numbers of one run and mode from its `per_document_counts` columns: bpb; stage-0
+  rate, word precision / recall and phrase precision (the chance level of stage 1); stage-1 rate
+  (per stage-0 chunk), phrase precision and recall, and its lift over chance (paired over
+  documents); each share with its standard error over documents. Unforced positions only."""
+  free0, free1 = cols['L0_free_hits'], cols['L1_free_hits']
+  bpb, bpb_se = evaluation.ratio_and_se(cols['ce'], cols['bytes'])
+  m = {'bpb': bpb, 'bpb_se': bpb_se, 'documents': len(free0)}
+  for key, (num, den) in {
+      'rate0': (free0, cols['L0_free_refs']),
+      'word_precision0': (cols['L0_word_free_hits'], free0),
+      'word_recall0': (cols['L0_word_free_hits'], cols['L0_word_free_refs']),
+      'phrase_precision0': (cols['L0_phrase_free_hits'], free0),
+      'rate1': (free1, free0),
+      'phrase_precision1': (cols['L1_phrase_free_hits'], free1),
+      'phrase_recall1': (cols['L1_phrase_free_hits'], cols['L1_phrase_free_refs']),
+  }.items():
+    m[key], m[key + '_se'] = share_and_se(num, den)
+  m['lift'], m['lift_se'] = paired_share_difference(
+      cols['L1_phrase_free_hits'], free1, cols['L0_phrase_free_hits'], free0
+  )
+  return m
+
+
+def stage1_probabilities(ckpt, texts, key) -> dict:
+  """How sure stage 1 is where it decides: its boundary probability at the stage-0 chunk ends
+  (sampled, as in training; unforced positions) that sit at a phrase end and at the others, each a
+  mean over those ends with its standard error over documents, and their difference paired over
+  documents. A greedy stage 1 (p > 1/2) ends chunks only where p crosses 1/2."""
+  sums = {k: np.zeros(len(texts)) for k in ('p_phrase', 'n_phrase', 'p_other', 'n_other')}
+  for d, text in enumerate(texts):
+    _, actions, probs = segmentation.boundaries_for(
+        ckpt.model,
+        ckpt.params,
+        text,
+        ckpt.config.data.seq_len,
+        jax.random.fold_in(key, d),
+        'sample',
+    )
+    ends = actions[0] > 0.5
+    ends[-1] = False  # Forced when the text fills the window.
+    phrase = multistage.phrase_end(np.frombuffer(text, np.uint8)[None])[0][: len(ends)]
+    for name, where in (('phrase', ends & phrase), ('other', ends & ~phrase)):
+      sums[f'p_{name}'][d], sums[f'n_{name}'][d] = probs[1][where].sum(), where.sum()
+  m = {}
+  for name in ('phrase', 'other'):
+    m[f'p1_{name}'], m[f'p1_{name}_se'] = share_and_se(sums[f'p_{name}'], sums[f'n_{name}'])
+  m['p1_gap'], m['p1_gap_se'] = paired_share_difference(
+      sums['p_phrase'], sums['n_phrase'], sums['p_other'], sums['n_other']
+  )
+  return m
+
+
+def evaluate_phrase_run(workdir: str, texts, key, every_checkpoint: bool = True) -> dict:
+  """{'curve': [{'step', mode: phrase_summary}] over the run's checkpoints (or its last only),
+  'final_cols': the last checkpoint's per-document columns, 'stage1_probs': its
+  `stage1_probabilities`}: one compiled evaluator for all."""
+  ckpt = checkpointing.load_checkpoint(workdir)
+  steps = ckpt.steps() if every_checkpoint else [ckpt.step]
+  curve, cols = [], None
+  for s in steps:
+    params = ckpt.params if s == ckpt.step else ckpt.at(s).params
+    cols = per_document_counts(ckpt.evaluator, params, texts, key)
+    curve.append({'step': s, **{m: phrase_summary(c) for m, c in cols.items()}})
+  return {
+      'curve': curve,
+      'final_cols': cols,
+      'stage1_probs': stage1_probabilities(ckpt, texts, key),
+  }
+
+
+def phrase_comparisons(cols: dict, method: str = 'learned') -> list[dict]:
+  """Stage-1 phrase precision of `method` minus each other run's, per mode, paired over the same
+  held-out documents (each run's boundaries drawn on its own)."""
+  rows = []
+  for other in [r for r in cols if r != method]:
+    for mode in PHRASE_MODES:
+      a, b = cols[method][mode], cols[other][mode]
+      diff, se = paired_share_difference(
+          a['L1_phrase_free_hits'], a['L1_free_hits'], b['L1_phrase_free_hits'], b['L1_free_hits']
+      )
+      z = diff / se if se > 0 else math.nan  # NaN se (a side without ends) stays NaN.
+      rows.append({'vs': other, 'mode': mode, 'diff': diff, 'se': se, 'z': z})
+  return rows
+
+
+def write_phrase_results(out: str, meta: dict, runs: dict, comparisons: list[dict]) -> None:
+  """results.md, results.json and curves.png: stage-1 phrase precision per run against chance."""
+  f = common.fmt
+  lines = [
+      '# Planted two-level check: do stage-1 chunks end at phrase ends?',
+      '',
+      f'Command: `{meta["command"]}`',
+      '',
+      f'Corpus: {meta["corpus"]}; stage-1 window {meta["stage1_window"]} bytes; see '
+      'tokjax/lab/synthetic.py (PhraseSpec) and configs/synthetic_two_stage.py. '
+      f'{meta["train_docs"]} training documents, {meta["eval_docs"]} held-out ones of '
+      f'{meta["seq_len"] - 1} bytes; {meta["steps"]} steps per run.',
+      '',
+      'Every held-out document is scored alone by the Evaluator; shares are pooled over documents '
+      'with their standard error over documents (ratio estimator), at unforced positions only (the '
+      'first and last position of a row always end a chunk at every level). prec1: share of stage-1 '
+      'chunk ends at a phrase end (the mark or the space after it, `multistage.phrase_end`); chance: '
+      "the same share of the run's own stage-0 chunk ends (a stage-1 chunk can end only where a "
+      'stage-0 chunk ends); lift = prec1 - chance, paired over documents. rate1: stage-1 ends per '
+      'stage-0 chunk. word prec0 / rec0: stage-0 ends at spaces / spaces ending a stage-0 chunk. '
+      'greedy: p > 1/2; sample: drawn as in training (and in bpb).',
+      '',
+  ]
+  head = (
+      'run | mode | bpb +- s.e. | rate0 | word prec0 | word rec0 | rate1 | chance +- s.e. | '
+      'prec1 +- s.e. | lift +- s.e. | phrase rec1'
+  )
+  body = []
+  for name, r in runs.items():
+    for mode in PHRASE_MODES:
+      m = r['curve'][-1][mode]
+      body.append(
+          f'{name} | {mode} | {f(m["bpb"], 3)} +- {f(m["bpb_se"], 3)} | {f(m["rate0"], 3)} | '
+          f'{f(m["word_precision0"], 3)} | {f(m["word_recall0"], 3)} | {f(m["rate1"], 3)} | '
+          f'{f(m["phrase_precision0"], 3)} +- {f(m["phrase_precision0_se"], 3)} | '
+          f'{f(m["phrase_precision1"], 3)} +- {f(m["phrase_precision1_se"], 3)} | '
+          f'{f(m["lift"], 3)} +- {f(m["lift_se"], 3)} | {f(m["phrase_recall1"], 3)}'
+      )
+  lines += ['## At the last step', '', *common.table(head, body), '']
+  lines += [
+      '## How sure stage 1 is (last step, sampled stage-0 ends)',
+      '',
+      "Stage 1's boundary probability at the stage-0 chunk ends on a phrase end and at the others "
+      '(mean over those ends +- s.e. over documents; gap paired over documents). Greedy stage-1 '
+      'boundaries need p > 1/2.',
+      '',
+      *common.table(
+          'run | p1 at phrase ends | p1 elsewhere | gap',
+          (
+              f'{name} | {f(p["p1_phrase"], 3)} +- {f(p["p1_phrase_se"], 3)} | '
+              f'{f(p["p1_other"], 3)} +- {f(p["p1_other_se"], 3)} | '
+              f'{f(p["p1_gap"], 3)} +- {f(p["p1_gap_se"], 3)}'
+              for name, p in ((n, r['stage1_probs']) for n, r in runs.items())
+          ),
+      ),
+      '',
+  ]
+  if comparisons:
+    lines += [
+        '## Stage-1 phrase precision, learned minus each control (paired over documents)',
+        '',
+        *common.table(
+            'control | mode | difference +- s.e. | difference / s.e.',
+            (
+                f'{c["vs"]} | {c["mode"]} | {f(c["diff"], 3)} +- {f(c["se"], 3)} | {c["z"]:.1f}'
+                for c in comparisons
+            ),
+        ),
+        '',
+    ]
+  lines += ['## Stage-1 phrase precision over training (prec1 / chance)', '']
+  for name, r in runs.items():
+    lines += [
+        f'### {name} (trained in {r["wall_s"]:.0f} s)',
+        '',
+        *common.table(
+            'step | greedy prec1 | greedy chance | sample prec1 | sample chance | sample rate1',
+            (
+                f'{p["step"]} | {f(p["greedy"]["phrase_precision1"], 3)} | '
+                f'{f(p["greedy"]["phrase_precision0"], 3)} | '
+                f'{f(p["sample"]["phrase_precision1"], 3)} | '
+                f'{f(p["sample"]["phrase_precision0"], 3)} | {f(p["sample"]["rate1"], 3)}'
+                for p in r['curve']
+            ),
+        ),
+        '',
+    ]
+  data = {'meta': meta, 'runs': runs, 'comparisons': comparisons}
+  common.write_results(out, data, lines)
+  plt = common.pyplot()
+  fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
+  for ax, mode in zip(axes, PHRASE_MODES):
+    for name, r in runs.items():
+      steps = [p['step'] for p in r['curve']]
+      line = ax.plot(steps, [p[mode]['phrase_precision1'] for p in r['curve']], label=name)[0]
+      ax.plot(steps, [p[mode]['phrase_precision0'] for p in r['curve']], ls=':', c=line.get_color())
+    ax.set(title=f'{mode} boundaries', xlabel='step')
+  axes[0].set_ylabel('stage-1 ends at phrase ends (dotted: chance)')
+  axes[0].legend()
+  common.save_figure(fig, os.path.join(out, 'curves.png'))
+
+
+def phrase_experiment(
+    out: str,
+    workdir: str,
+    steps: int,
+    eval_every: int,
+    train_docs: int,
+    eval_docs: int,
+    runs,
+    seed: int = 0,
+    command: str = '',
+    overrides=None,
+    spec: PhraseSpec = PhraseSpec(),
+    tiny: bool = False,
+) -> dict:
+  """Trains each run (a variant of configs/synthetic_two_stage.py, with `overrides[run]` on top) on
+  the two-level corpus, reusing a finished run (its WORKDIR/RUN/result.json), evaluates every
+  checkpoint on fresh held-out documents and writes OUT/results.{md,json} and OUT/curves.png.
+  Returns the written data's 'runs'."""
+  overrides = overrides or {}
+  unknown = sorted(set(overrides) - set(runs))
+  if unknown:
+    raise UserError(f'--set names run(s) {unknown} that --runs does not train.')
+  if steps < eval_every or steps % eval_every:
+    raise UserError(f'--steps={steps} must be a positive multiple of --eval_every={eval_every}.')
+  configs = {r: phrase_config(r, '', steps, eval_every, seed, overrides.get(r), tiny) for r in runs}
+  n = next(iter(configs.values())).data.seq_len - 1
+  window = int(next(iter(configs.values())).stages.window[0])
+  if spec.min_distance <= window:
+    raise UserError(f'copies {spec.min_distance} bytes back are inside the {window}-byte window.')
+  corpus = os.path.join(workdir, 'corpus')
+  write_corpus(corpus, make_phrase_corpus(seed, seed, train_docs, n, spec))
+  held_out = make_phrase_corpus(seed + 1000, seed, eval_docs, n, spec)
+  texts = [d.text for d in held_out]
+  key = jax.random.PRNGKey(seed + 1)
+  results, cols = {}, {}
+  for name, c in configs.items():
+    c.data.corpus = corpus
+    r = common.train_or_load(name, c, workdir)
+    ev = evaluate_phrase_run(os.path.join(workdir, name), texts, key)
+    cols[name] = ev['final_cols']
+    results[name] = {'wall_s': r['wall_s'], 'overrides': overrides.get(name, {}), **ev}
+    del results[name]['final_cols']
+    last = ev['curve'][-1]
+    print(
+        f'{name}: step {last["step"]} stage-1 phrase precision greedy '
+        f'{last["greedy"]["phrase_precision1"]:.3f} sample {last["sample"]["phrase_precision1"]:.3f}'
+        f' (chance {last["sample"]["phrase_precision0"]:.3f}) | wall {r["wall_s"]:.0f} s',
+        flush=True,
+    )
+  meta = {
+      'command': command,
+      'corpus': dict(dataclasses.asdict(spec), marks=spec.marks.decode()),
+      'stage1_window': window,
+      'seq_len': n + 1,
+      'steps': steps,
+      'train_docs': train_docs,
+      'eval_docs': eval_docs,
+      'seed': seed,
+      'tiny': tiny,
+  }
+  comparisons = phrase_comparisons(cols) if 'learned' in cols and len(cols) > 1 else []
+  write_phrase_results(out, meta, results, comparisons)
+  return results
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save and restore at INFO.
-  out, steps, every = _OUT.value, _STEPS.value, _EVAL_EVERY.value
+  command = 'python -m tokjax.lab.synthetic ' + ' '.join(sys.argv[1:])
+  if _DESIGN.value == 'phrases':
+    out = _OUT.value or 'results/synthetic/phrases'
+    phrase_experiment(
+        out,
+        _WORKDIR.value or 'runs/synthetic_phrases',
+        _STEPS.value,
+        _EVAL_EVERY.value,
+        _TRAIN_DOCS.value,
+        _EVAL_DOCS.value,
+        _RUNS.value or phrase_run_names(),
+        _SEED.value,
+        command,
+        parse_overrides(_SET.value),
+        tiny=_TINY.value,
+    )
+    print(f'wrote {out}/results.md, results.json, curves.png')
+    return
+  if _SET.value:
+    raise UserError('--set is for --design phrases.')
+  out, steps, every = _OUT.value or 'results/synthetic', _STEPS.value, _EVAL_EVERY.value
   if steps < every or steps % every:
     raise UserError(f'--steps={steps} must be a positive multiple of --eval_every={every}.')
   spec = CorpusSpec(lexicon_size=_LEXICON.value, terminator=_TERMINATOR.value.encode())
-  workdir = _WORKDIR.value
+  workdir = _WORKDIR.value or 'runs/synthetic'
   base = variant_config('method', '', workdir, steps, every, _SEED.value)
   n = base.data.seq_len - 1
   train_docs = make_corpus(_SEED.value, _SEED.value, _TRAIN_DOCS.value, n, spec)
@@ -378,14 +907,13 @@ def main(argv):
   os.makedirs(out, exist_ok=True)
   held_out = make_corpus(_SEED.value + 1000, _SEED.value, _EVAL_DOCS.value, n, spec)
   arrays = eval_arrays(held_out, base.data.seq_len)
-  command = 'python -m tokjax.lab.synthetic ' + ' '.join(sys.argv[1:])
   curves, seconds = {}, {}
   results_path = os.path.join(out, 'results.json')
   if os.path.exists(results_path):  # Runs already evaluated are kept when only some are redone.
     with open(results_path) as f:
       old = json.load(f)
     curves, seconds = old['curves'], old['train_seconds']
-  for name in _RUNS.value:
+  for name in _RUNS.value or run_names():
     config = variant_config(name, corpus, workdir, steps, every, _SEED.value)
     if (
         common.finished_step(config.train.workdir) == steps
