@@ -430,7 +430,9 @@ def _validate_stages(config, n: int) -> None:
   for s in range(1, n):
     i, cfg = s - 1, stage_settings(config, s)
     if len(st.get('reward', ())) and cfg.reward not in REWARDS:
-      raise UserError(f'config.stages.reward[{i}]={st.reward[i]!r} is not valid; use one of {REWARDS}.')
+      raise UserError(
+          f'config.stages.reward[{i}]={st.reward[i]!r} is not valid; use one of {REWARDS}.'
+      )
     if len(st.get('gamma', ())) and not 0.0 <= cfg.gamma <= 1.0:
       raise UserError(f'config.stages.gamma[{i}]={st.gamma[i]!r} must be in [0, 1].')
     for field in ('lambda_rl', 'lambda_rate'):

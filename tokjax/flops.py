@@ -115,7 +115,9 @@ def step_flops(config, rate=None) -> float:
   rate: the step's realised chunks per byte (metrics['rate']) for model FLOPs; None for the FLOPs
   the compiled step executes (every chunk slot of the capacity).
   """
-  return training_forwards(config) * config.data.batch_size * forward_flops_per_sequence(config, rate)
+  return (
+      training_forwards(config) * config.data.batch_size * forward_flops_per_sequence(config, rate)
+  )
 
 
 def flops_per_byte(config, rate=None) -> float:

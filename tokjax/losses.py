@@ -114,15 +114,17 @@ def flat_objective(model, params, batch, key, step):
   return loss, ({'loss': loss, 'bpb': loss / LN2}, ce * mask)
 
 
-def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample'):
+def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample', actions=None):
   """The paper's total loss for one batch with boundaries drawn by `mode` ('sample' in training).
 
   cfg: the full config: cfg.estimator applies when the registry says cfg.boundary.method trains with
-  the score function. Returns (loss, (metrics, CE_full float32[B, L])).
+  the score function. actions: the executed actions of the stages `mode` gives ('given', or a tuple
+  of one mode per stage), as the model's __call__ takes them (exact-enumeration tests); one draw per
+  sequence only. Returns (loss, (metrics, CE_full float32[B, L])).
   """
   est = cfg.estimator
   score_function = registry.get(cfg.boundary.method).score_function
-  kwargs = {}
+  kwargs = {} if actions is None else {'actions': actions}
   if est.off_policy_steps > 0:
     kwargs['behavior'] = step < est.off_policy_steps
   draws = estimator.baseline(est.baseline).draws(est) if score_function else 1
