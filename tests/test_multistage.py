@@ -538,6 +538,11 @@ def test_counterfactual_baselines_are_unbiased_and_measured_by_exact_enumeration
   )
   cfg.update(rate_loss=False, target_rate=0.4)
   names = ('boundary', 'inner_boundaries_0')  # Each stage's own policy parameters.
+  # losses.hierarchical_objective with the counterfactual reward at both stages (its own forward
+  # passes, keys and stop-gradients), the rest of its terms as cfg's.
+  objective_config = _small_config(2)
+  objective_config.estimator.update(cfg.to_dict(), reward='counterfactual')
+  objective_config.stages.reward = ('counterfactual',)
 
   @jax.jit
   def measure(p):
@@ -608,6 +613,17 @@ def test_counterfactual_baselines_are_unbiased_and_measured_by_exact_enumeration
       if s:
         result['stage1']['cf_key'] = grads(coefficients(s, ce_cf1, rows), rows)
         result['stage1']['greedy'] = grads(coefficients(s, ce_greedy1, rows), rows)
+
+    def objective_grad(t, y, x0, x1):
+      """The training objective's gradient (w.r.t. both policies) on one enumerated pair alone."""
+      batch = {'inputs': t[None], 'targets': y[None], 'mask': mask[:1]}
+      return jax.grad(
+          lambda v: losses.hierarchical_objective(
+              model, {**p, **unravel(v)}, batch, key, 0, objective_config, ('given',) * 2, (x0, x1)
+          )[0]
+      )(flat)
+
+    result['objective'] = jax.vmap(objective_grad)(tokens, targets, a0[:, None], a1[:, None])
     return result
 
   m = jax.device_get(measure(params))
@@ -632,6 +648,11 @@ def test_counterfactual_baselines_are_unbiased_and_measured_by_exact_enumeration
       np.testing.assert_allclose(mean(g[name]), exact, atol=1e-4 * scale, err_msg=f'{s} {name}')
     np.testing.assert_allclose(pairs_mean, exact, atol=1e-4 * scale, err_msg=f'{s} draw')
     greedy = f', greedy {variance(g["greedy"]):.4g}' if s else ''
+    if s:
+      # The objective with counterfactual rewards: unbiased for both stages' policies at once.
+      want = m['stage0']['exact'] + exact
+      got = np.einsum('i,ip->p', prob, m['objective'])
+      np.testing.assert_allclose(got, want, atol=1e-4 * scale, err_msg='objective')
     print(
         f'stage {s}: gradient variance (trace) today {variance(g["today"]):.4g}, counterfactual'
         f' draw {pairs_var:.4g}{greedy}; |exact| {scale:.3g}'
@@ -639,21 +660,25 @@ def test_counterfactual_baselines_are_unbiased_and_measured_by_exact_enumeration
 
 
 def test_stage_estimator_settings_default_to_the_shared_ones_and_touch_only_their_stage():
-  """config.stages.{gamma, lambda_rl, lambda_rate, baseline} left empty give, bit for bit, the
-  objective of the same values set explicitly (config.estimator's: today's shared settings); other
-  values change stage 1's terms and leave every stage-0 metric bit for bit."""
+  """config.stages.{reward, gamma, lambda_rl, lambda_rate, baseline} left empty give, bit for bit,
+  the objective of the same values set explicitly (config.estimator's: today's shared settings);
+  other values (a counterfactual reward among them) change stage 1's terms and leave every stage-0
+  metric bit for bit. The counterfactual is a draw apart from the training one (its CE differs), and
+  its forward pass is counted in the training FLOPs."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from tokjax import config_validation, losses, models  # pylint: disable=g-import-not-at-top
+  from tokjax import config_validation, flops, losses, models  # pylint: disable=g-import-not-at-top
 
   batch = {k: np.asarray(v) for k, v in _batch().items()}
-  runs = {}
+  runs, forwards = {}, {}
   est = _small_config(2).estimator
   for name, fields in (
       ('default', {}),
       ('explicit', dict(gamma=est.gamma, lambda_rl=est.lambda_rl, lambda_rate=est.lambda_rate)),
-      ('stage1', dict(gamma=0.5, lambda_rl=0.3, lambda_rate=0.2)),
+      ('stage1', dict(gamma=0.5, lambda_rl=0.3, lambda_rate=0.2, reward='counterfactual')),
   ):
+    if name == 'explicit':
+      fields['reward'] = est.reward
     c = _small_config(2)
     c.stages.update({k: (v,) for k, v in fields.items()})
     if fields:
@@ -666,8 +691,12 @@ def test_stage_estimator_settings_default_to_the_shared_ones_and_touch_only_thei
         params, batch, jax.random.PRNGKey(3), 0
     )
     runs[name] = {'loss': float(loss), **{k: float(v) for k, v in metrics.items()}}
+    forwards[name] = flops.training_forwards(c)
   assert runs['explicit'] == runs['default']
   changed = runs['stage1']
+  assert forwards == {'default': 3, 'explicit': 3, 'stage1': 4}
+  assert 'stage1_bpb_counterfactual' not in runs['default']
+  assert changed['stage1_bpb_counterfactual'] != changed['bpb']
   for k, v in runs['default'].items():
     if k.startswith('stage1_') and k.endswith(('policy_loss', 'return_abs')):
       assert changed[k] != v, k
@@ -859,6 +888,9 @@ def test_two_stage_run_resumes_exactly(tmp_path):
         ({'stages.baseline': ('mean',)}, "config.stages.baseline[0]='mean' is not valid"),
         ({'stages.baseline': ('value',)}, "config.stages.baseline[0]='value' needs a critic"),
         ({'stages.baseline': ('rloo',)}, "config.stages.baseline[0]='rloo' needs 4 boundary"),
+        ({'stages.reward': ('counterfactal',)}, "config.stages.reward[0]='counterfactal' is not"),
+        ({'stages.reward': ('plain', 'plain')}, 'config.stages.reward has 2 entries'),
+        ({'estimator.reward': 'greedy'}, "config.estimator.reward='greedy' is not valid"),
     ],
 )
 def test_bad_stage_settings_are_one_clear_line(changes, message):

@@ -71,6 +71,7 @@ def base_config() -> ml_collections.ConfigDict:
       window=(),  # Attention width of those layers in bytes (0 = full causal attention).
       # The score function of each stage (tokjax/estimator.py, `estimator.stage_settings`): one entry
       # per stage, or () for config.estimator's value at every stage (the default).
+      reward=(),  # 'early_exit' | 'plain' | 'counterfactual' | 'counterfactual_greedy'.
       gamma=(),
       lambda_rl=(),
       lambda_rate=(),
@@ -87,7 +88,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.estimator = dict(
       # The score-function estimator (tokjax/estimator.py). It trains a method whose registry entry has
       # score_function=True (the 'policy'); other methods get no policy gradient and no rate loss.
-      reward='early_exit',  # 'early_exit' (CE_early - CE_full) | 'plain' (-CE_full).
+      # 'early_exit' (CE_early - CE_full) | 'plain' (-CE_full) | 'counterfactual' (CE_cf - CE_full,
+      # CE_cf with the stage's and upper stages' decisions drawn again given the lower stages; one
+      # more forward pass per step) | 'counterfactual_greedy' (the same with their greedy pattern).
+      reward='early_exit',
       # 'batch' (the paper's batch-relative advantage) | 'none' | 'rloo' (leave-one-out over
       # estimator.rloo.k draws per sequence, one encoder pass) | 'value' (critic head on the encoder
       # state, GAE(gamma, estimator.value.gae_lambda)): `estimator.BASELINES`.

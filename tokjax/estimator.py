@@ -1,7 +1,8 @@
 """The score-function (REINFORCE) estimator for boundary policies, with its variance reduction.
 
 Per byte position t of row b (CE in nats of predicting byte t+1 at position t):
-  1. reward      r_bt = CE_early(t) - CE_full(t)      ('early_exit'), or -CE_full(t)   ('plain')
+  1. reward      r_bt = CE_early(t) - CE_full(t)      ('early_exit'), or -CE_full(t)   ('plain'),
+                 or r_bt = CE_cf(t) - CE_full(t)      ('counterfactual', 'counterfactual_greedy')
   2. advantage   A_bt = r_bt - mean_b' r_b't          (batch-relative over valid rows: baseline 'batch')
   3. return      G_bt = A_bt + gamma * G_b,t+1        (reverse lax.scan along the sequence)
   4. policy loss -lambda_rl * sum_bt(stopgrad(w_bt G_bt) * log pi(a_bt)) / (B * L) over the policy's own
@@ -14,8 +15,16 @@ decision then weighs the same at every stage: a stage-1 decision, one per stage-
 gradient weight a stage-0 decision gets, in both losses, and lambda_rl and lambda_rate mean the same
 at every level. (Averaging a stage's rate loss over its own decisions instead would make its
 controller 1 / r0 times stronger per decision than stage 0's, r0 the stage-0 rate.)
-Per-stage settings: stage s >= 1 reads gamma, lambda_rl, lambda_rate and baseline from config.stages'
-entry s - 1 where given, else config.estimator's (`stage_settings`).
+Per-stage settings: stage s >= 1 reads reward, gamma, lambda_rl, lambda_rate and baseline from
+config.stages' entry s - 1 where given, else config.estimator's (`stage_settings`).
+Counterfactual rewards (tokjax/losses.py runs them): CE_cf is the full model's CE, under stop-gradient,
+with stage s's decisions and those of every stage above replaced by a second draw given the lower
+stages' sampled decisions, which stay fixed ('counterfactual': drawn from the policies with a key
+independent of the training draw's; 'counterfactual_greedy': stage s's and the upper stages' greedy
+pattern). Given the lower stages, CE_cf does not depend on stage s's sampled decisions, so like the
+early exit it adds no bias (tests/test_multistage.py proves it by exact enumeration); unlike the early
+exit it differs from CE_full only through stage s's (and the upper stages') decisions, not through
+what the full model reads beyond the early-exit head. Each costs one more forward pass per step.
 Baselines (config.estimator.baseline, declared at the end of this file in `BASELINES`; 'batch' is
 step 2 above, the default):
   'none'   A_bt = r_bt (no baseline).
@@ -51,13 +60,17 @@ from tokjax.errors import UserError
 
 
 def rewards(ce_full, ce_early, kind: str):
-  """ce_full, ce_early: float32[B, L] nats -> r: float32[B, L] (no gradient)."""
-  if kind == 'early_exit':
+  """ce_full, ce_early: float32[B, L] nats -> r: float32[B, L] (no gradient).
+
+  ce_early is the baseline's CE: the stage's early exit ('early_exit'), or the counterfactual's
+  CE_cf for the counterfactual kinds (`COUNTERFACTUAL`); 'plain' ignores it.
+  """
+  if kind == 'early_exit' or kind in COUNTERFACTUAL:
     r = ce_early - ce_full
   elif kind == 'plain':
     r = -ce_full
   else:
-    raise ValueError(f'unknown reward kind {kind!r}; use "early_exit" or "plain"')
+    raise ValueError(f'unknown reward kind {kind!r}; use one of {REWARDS}')
   return jax.lax.stop_gradient(r)
 
 
@@ -208,7 +221,8 @@ def score_function_terms(
   return loss, metrics
 
 
-STAGE_FIELDS = ('gamma', 'lambda_rl', 'lambda_rate', 'baseline')  # config.stages' estimator fields.
+# config.stages' estimator fields.
+STAGE_FIELDS = ('reward', 'gamma', 'lambda_rl', 'lambda_rate', 'baseline')
 
 
 def stage_settings(config, s: int):
@@ -353,7 +367,15 @@ register_baseline(
 # ----------------------------------------------------------------------------------------------------
 # Checks of config.estimator and of config.stages' score-function fields (`STAGE_FIELDS`).
 
-REWARDS = ('early_exit', 'plain')  # config.estimator.reward: see `rewards`.
+# config.estimator.reward and config.stages.reward: see `rewards`. The counterfactual kinds map to the
+# modes of the counterfactual's stage and those above it (the stages below run 'given').
+COUNTERFACTUAL = {'counterfactual': 'sample', 'counterfactual_greedy': 'greedy'}
+REWARDS = ('early_exit', 'plain', *COUNTERFACTUAL)
+
+
+def counterfactual_mode(kind: str):
+  """The boundary mode of a counterfactual's redrawn stages for reward `kind`, or None."""
+  return COUNTERFACTUAL.get(kind)
 
 
 def validate(config, stages: int, score_function: bool) -> None:
@@ -407,6 +429,10 @@ def _validate_stages(config, n: int) -> None:
   draws = baseline(est.baseline).draws(est)
   for s in range(1, n):
     i, cfg = s - 1, stage_settings(config, s)
+    if len(st.get('reward', ())) and cfg.reward not in REWARDS:
+      raise UserError(
+          f'config.stages.reward[{i}]={st.reward[i]!r} is not valid; use one of {REWARDS}.'
+      )
     if len(st.get('gamma', ())) and not 0.0 <= cfg.gamma <= 1.0:
       raise UserError(f'config.stages.gamma[{i}]={st.gamma[i]!r} must be in [0, 1].')
     for field in ('lambda_rl', 'lambda_rate'):

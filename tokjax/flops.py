@@ -1,7 +1,8 @@
 """Analytic FLOPs of a training step, accelerator peak FLOP/s, and model FLOP utilisation (MFU).
 
 Counted: matrix multiplies (2 FLOPs per multiply-add) of the forward pass, times 3 for training
-(backward = 2x forward); elementwise work (norms, softmax, GELU, the optimizer) is left out, as in
+(backward = 2x forward), plus one forward pass per stage trained against a counterfactual reward
+(`losses.counterfactual_stages`: its extra stop-gradient forward pass); elementwise work (norms, softmax, GELU, the optimizer) is left out, as in
 the usual 6 N D accounting. Per sequence of L bytes:
 
   block on n positions, width d, MLP hidden F, k keys per query:
@@ -25,7 +26,7 @@ Two counts, both from `step_flops`:
 
 import time
 
-from tokjax import models
+from tokjax import losses, models
 from tokjax.data import VOCAB_SIZE
 
 TRAIN_MULTIPLIER = 3  # Forward + backward (gradients w.r.t. activations and weights).
@@ -102,18 +103,26 @@ def _policy_width(boundary) -> int:
   return boundary.policy.window if boundary.method == 'policy' else 0
 
 
+def training_forwards(config) -> int:
+  """Forward passes' worth of work in one training step: TRAIN_MULTIPLIER, plus one per stage whose
+  reward is a counterfactual (tokjax/losses.py)."""
+  return TRAIN_MULTIPLIER + len(losses.counterfactual_stages(config))
+
+
 def step_flops(config, rate=None) -> float:
   """Training FLOPs of one step of the global batch (config.data.batch_size x seq_len bytes).
 
   rate: the step's realised chunks per byte (metrics['rate']) for model FLOPs; None for the FLOPs
   the compiled step executes (every chunk slot of the capacity).
   """
-  return TRAIN_MULTIPLIER * config.data.batch_size * forward_flops_per_sequence(config, rate)
+  return (
+      training_forwards(config) * config.data.batch_size * forward_flops_per_sequence(config, rate)
+  )
 
 
 def flops_per_byte(config, rate=None) -> float:
   """Training FLOPs per training byte (rate as in `step_flops`; default model count at target rate)."""
-  return TRAIN_MULTIPLIER * forward_flops_per_sequence(config, rate) / config.data.seq_len
+  return training_forwards(config) * forward_flops_per_sequence(config, rate) / config.data.seq_len
 
 
 def peak_flops(device=None, cpu_peak=None) -> float | None:

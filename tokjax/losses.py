@@ -1,16 +1,26 @@
 """Training objectives: next-byte cross-entropy for the flat model, and for the hierarchical model the
 paper's total loss (1 - lambda_early) CE_full + lambda_early CE_early + policy loss + rate loss (+ any
 auxiliary loss of the boundary method), with the boundary metrics that expose a broken estimator.
+
+Counterfactual rewards (config.estimator.reward or config.stages.reward = 'counterfactual' or
+'counterfactual_greedy'; tokjax/estimator.py): the reward of stage s is CE_cf - CE_full, where CE_cf
+is the full model's CE from one more forward pass under stop-gradient, with the sampled decisions of
+stages 0..s-1 executed as given and stage s and every stage above drawn again ('counterfactual': from
+the policies, with a key independent of the training draw's; 'counterfactual_greedy': their greedy
+patterns). Cost: one forward pass (no backward) per stage that uses it, so a training step costs
+3 + n forward passes instead of 3 for n such stages; tokjax/flops.py counts them
+(`counterfactual_stages`).
 """
 
 import functools
 import math
 
+import jax
 import jax.numpy as jnp
 import optax
 
 from tokjax import boundary_stats, estimator
-from tokjax.models import interface, registry
+from tokjax.models import interface, registry, stage_views
 
 LN2 = math.log(2.0)
 
@@ -47,6 +57,46 @@ def boundary_metrics(tokens, actions, mask, dropped=None):
   return out
 
 
+# fold_in salt of the counterfactual draws' keys: fold_in(key, COUNTERFACTUAL_KEY + s) for stage s,
+# apart from the keys the model derives from the training draw's key (fold_in(key, s), small s).
+COUNTERFACTUAL_KEY = 1 << 20
+
+
+def counterfactual_stages(config) -> tuple[tuple[int, str], ...]:
+  """(s, reward kind) of every stage whose score function uses a counterfactual reward.
+
+  Each costs one more forward pass per training step (the module docstring).
+  """
+  if config.model.kind == 'flat':
+    return ()
+  out = []
+  for s in range(stage_views.stage_count(config)):
+    method = config.boundary.method if s == 0 else config.stages.method[s - 1]
+    kind = estimator.stage_settings(config, s).reward
+    if registry.get(method).score_function and estimator.counterfactual_mode(kind):
+      out.append((s, kind))
+  return tuple(out)
+
+
+def counterfactual_ce(model, params, tokens, targets, mask, out, key, s: int, kind: str):
+  """CE_cf of stage s: float32[B, L] nats (times mask), no gradient (the module docstring).
+
+  tokens, targets, mask: [B, L] (every draw's rows); out: the training draw's `ModelOutput`, whose
+  executed actions at stages 0..s-1 the counterfactual keeps.
+  """
+  n = model.num_stages
+  modes = ('given',) * s + (estimator.counterfactual_mode(kind),) * (n - s)
+  actions = tuple(out.stages[j].boundaries.actions for j in range(s)) + (None,) * (n - s)
+  cf = model.apply(
+      {'params': jax.lax.stop_gradient(params)},
+      tokens,
+      jax.random.fold_in(key, COUNTERFACTUAL_KEY + s),
+      mode=modes,
+      actions=jax.lax.stop_gradient(actions),
+  )
+  return jax.lax.stop_gradient(cross_entropy(cf.logits, targets)) * mask
+
+
 def objective(config, model, mode: str = 'sample'):
   """(params, batch, key, step) -> (loss, (metrics, ce float32[B, L])) for this config's model
   (`models.build_model(config)`)."""
@@ -64,15 +114,17 @@ def flat_objective(model, params, batch, key, step):
   return loss, ({'loss': loss, 'bpb': loss / LN2}, ce * mask)
 
 
-def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample'):
+def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample', actions=None):
   """The paper's total loss for one batch with boundaries drawn by `mode` ('sample' in training).
 
   cfg: the full config: cfg.estimator applies when the registry says cfg.boundary.method trains with
-  the score function. Returns (loss, (metrics, CE_full float32[B, L])).
+  the score function. actions: the executed actions of the stages `mode` gives ('given', or a tuple
+  of one mode per stage), as the model's __call__ takes them (exact-enumeration tests); one draw per
+  sequence only. Returns (loss, (metrics, CE_full float32[B, L])).
   """
   est = cfg.estimator
   score_function = registry.get(cfg.boundary.method).score_function
-  kwargs = {}
+  kwargs = {} if actions is None else {'actions': actions}
   if est.off_policy_steps > 0:
     kwargs['behavior'] = step < est.off_policy_steps
   draws = estimator.baseline(est.baseline).draws(est) if score_function else 1
@@ -100,16 +152,23 @@ def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample'):
   )
   loss = (1.0 - est.lambda_early) * loss_full + est.lambda_early * loss_early_all + bnd.aux_loss
   metrics = {'bpb': loss_full / LN2, 'bpb_early': loss_early / LN2}
+  # Each stage's baseline CE: its early exit, or its counterfactual (one more forward pass each).
+  ce_base = [ce_early] + ce_early_inner
+  for s, kind in counterfactual_stages(cfg):
+    ce_base[s] = counterfactual_ce(model, params, inputs, targets, mask, out, key, s, kind)
+    metrics[interface.stage_metric(s, 'bpb_counterfactual')] = masked_mean(ce_base[s], mask) / LN2
   if score_function:
     rl_loss, rl_metrics = estimator.score_function_terms(
-        ce_full, ce_early, bnd, mask, est, values=out.values
+        ce_full, ce_base[0], bnd, mask, est, values=out.values
     )
     loss = loss + rl_loss
     metrics.update(rl_metrics)
   metrics.update(boundary_metrics(inputs, bnd.actions, mask, bnd.dropped))
   metrics.update({k: v for k, v in bnd.stats.items() if jnp.ndim(v) == 0})
   for s, (st, ce_early_s) in enumerate(zip(inner, ce_early_inner), start=1):
-    stage_loss, stage_metrics = inner_stage_terms(cfg, s, st, ce_full, ce_early_s, mask)
+    stage_loss, stage_metrics = inner_stage_terms(
+        cfg, s, st, ce_full, ce_early_s, mask, ce_base=ce_base[s]
+    )
     loss = loss + stage_loss
     metrics.update({interface.stage_metric(s, k): v for k, v in stage_metrics.items()})
   metrics['loss'] = loss
@@ -117,11 +176,13 @@ def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample'):
   return loss, (metrics, ce_full[: batch['mask'].shape[0]])
 
 
-def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask):
+def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask, ce_base=None):
   """The losses and metrics of stage s >= 1 (`stage`: the model output's `StageOutput` s).
 
+  ce_base: float32[B, L], the CE its reward is taken against (default ce_early, its early exit; its
+  counterfactual's under a counterfactual reward).
   Returns (loss: scalar, metrics: dict of scalars): the method's auxiliary loss, its score-function
-  terms against this stage's own early exit with its own settings (`estimator.stage_settings`; when
+  terms against ce_base with its own settings (`estimator.stage_settings`; when
   its method trains with the score function) and its
   boundary statistics: rate per input position (per chunk of stage s - 1), bytes per chunk of stage
   s, alignment of its boundaries to whitespace and line ends, overflow.
@@ -133,7 +194,7 @@ def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask):
   if method.score_function:
     rl_loss, rl_metrics = estimator.score_function_terms(
         ce_full,
-        ce_early,
+        ce_early if ce_base is None else ce_base,
         bnd,
         mask,
         estimator.stage_settings(cfg, s),
