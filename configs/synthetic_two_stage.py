@@ -49,20 +49,6 @@ OVERRIDES = {
 STAGE1_WINDOW = 32  # Bytes; the corpus' copies lie further back than this.
 
 
-def apply_overrides(c, overrides: dict) -> None:
-  """Sets each dotted path of `overrides` ({'stages.lambda_rl': (0.0,)}) in config c, in place; a
-  path that names no field of c raises KeyError (a typo would otherwise add a field nothing reads).
-  """
-  for path, value in overrides.items():
-    *parents, leaf = path.split('.')
-    node = c
-    for p in parents:
-      node = node[p]
-    if leaf not in node:
-      raise KeyError(path)
-    node[leaf] = value
-
-
 def get_config(arg=None):
   name, options = config_files.parse_variant(arg, VARIANTS, 'learned')
   c = config_files.load('synthetic_cpu', 'method')
@@ -78,6 +64,6 @@ def get_config(arg=None):
   if 'tiny' in options:
     presets.tiny(c)
     c.stages.capacity = (16,)
-  apply_overrides(c, OVERRIDES[name])
+  config_files.set_fields(c, OVERRIDES[name])
   c.train.workdir = f'runs/synthetic_phrases/{name}'
   return c

@@ -31,6 +31,19 @@ def parse_variant(arg, variants, default: str) -> tuple[str, set[str]]:
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
 
 
+def set_fields(config, fields: dict) -> None:
+  """Sets each dotted path of `fields` ({'stages.lambda_rl': (0.0,)}) in config, in place; a path
+  that names no field raises KeyError (a typo would otherwise add a field nothing reads)."""
+  for path, value in fields.items():
+    *parents, leaf = path.split('.')
+    node = config
+    for p in parents:
+      node = node[p]
+    if leaf not in node:
+      raise KeyError(path)
+    node[leaf] = value
+
+
 def load_module(name: str):
   """The module of configs/NAME.py (loaded by path: configs/ is not a package)."""
   path = os.path.join(CONFIGS_DIR, name + '.py')

@@ -2,8 +2,8 @@
 
 Counted: matrix multiplies (2 FLOPs per multiply-add) of the forward pass, times 3 for training
 (backward = 2x forward), plus one forward pass per stage trained against a counterfactual reward
-(`losses.counterfactual_stages`: its extra stop-gradient forward pass); elementwise work (norms, softmax, GELU, the optimizer) is left out, as in
-the usual 6 N D accounting. Per sequence of L bytes:
+(`losses.counterfactual_stages`: its extra stop-gradient forward pass); elementwise work (norms,
+softmax, GELU, the optimizer) is left out, as in the usual 6 N D accounting. Per sequence of L bytes:
 
   block on n positions, width d, MLP hidden F, k keys per query:
       8 n d^2 (q, k, v, out) + 6 n d F (GeGLU gate, up, down) + 4 n k d (scores, values)

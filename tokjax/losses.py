@@ -71,8 +71,8 @@ def counterfactual_stages(config) -> tuple[tuple[int, str], ...]:
     return ()
   out = []
   for s in range(stage_views.stage_count(config)):
-    method = config.boundary.method if s == 0 else config.stages.method[s - 1]
     kind = estimator.stage_settings(config, s).reward
+    method = stage_views.stage_method(config, s)
     if registry.get(method).score_function and estimator.counterfactual_mode(kind):
       out.append((s, kind))
   return tuple(out)

@@ -31,7 +31,7 @@ import optax
 
 from tokjax import losses, models, sharding
 from tokjax.errors import UserError
-from tokjax.models import registry
+from tokjax.models import registry, stage_views
 
 
 @flax.struct.dataclass
@@ -196,12 +196,9 @@ def check_accumulation(config, mesh, num_stages: int) -> int:
 def _trains_score_function(config, num_stages: int) -> bool:
   """Whether some of the num_stages levels of boundaries is trained by the score function (and so
   by its baseline)."""
-  if not num_stages:
-    return False
-  names = [config.boundary.method]
-  if num_stages > 1:
-    names += list(config.stages.method)
-  return any(registry.get(name).score_function for name in names)
+  return any(
+      registry.get(stage_views.stage_method(config, s)).score_function for s in range(num_stages)
+  )
 
 
 def micro_batches(batch, n: int):

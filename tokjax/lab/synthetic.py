@@ -553,10 +553,9 @@ def phrase_config(
   the command's extra overrides of that run ({'path.to.field': value}) on top of the file's."""
   if name not in phrase_run_names():
     raise UserError(f'unknown run {name!r}; use some of {",".join(phrase_run_names())}.')
-  module = config_files.load_module('synthetic_two_stage')
-  c = module.get_config(f'{name},tiny' if tiny else name)
+  c = config_files.load('synthetic_two_stage', f'{name},tiny' if tiny else name)
   try:
-    module.apply_overrides(c, overrides or {})
+    config_files.set_fields(c, overrides or {})
   except (KeyError, AttributeError, TypeError) as e:
     raise UserError(f'run {name}: cannot set {overrides}: {e}.') from None
   c.data.corpus = corpus

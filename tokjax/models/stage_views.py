@@ -17,6 +17,12 @@ def stage_count(config) -> int:
   return config.model.get('stages', 1)
 
 
+def stage_method(config, s: int) -> str:
+  """The boundary method of stage s: config.boundary.method at s = 0, config.stages.method[s - 1]
+  above it."""
+  return config.boundary.method if s == 0 else config.stages.method[s - 1]
+
+
 def stage_config(config, s: int) -> ml_collections.ConfigDict:
   """The config as stage s's boundary method reads it: for s >= 1, config.boundary.method,
   config.boundary.target_rate and config.model.capacity replaced by config.stages' entry s - 1."""
@@ -24,7 +30,7 @@ def stage_config(config, s: int) -> ml_collections.ConfigDict:
     return config
   view = config.copy_and_resolve_references()
   with view.unlocked():
-    view.boundary.method = config.stages.method[s - 1]
+    view.boundary.method = stage_method(config, s)
     view.boundary.target_rate = float(config.stages.target_rate[s - 1])
     view.model.capacity = int(config.stages.capacity[s - 1])
   return view
