@@ -8,6 +8,7 @@ result.
 """
 
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -59,14 +60,50 @@ def tiny_config(workdir: str):
   return c
 
 
+def _shared_run(tmp_path_factory, name, train_into) -> str:
+  """The folder `train_into(folder)` filled, trained once for the whole session.
+
+  pytest-xdist runs a session fixture once in each worker; the workers share the parent of their
+  temporary folders, so the first to arrive trains there under a file lock and the others read its
+  run. The file `trained_by` names the process that trained it.
+  """
+  import fcntl  # pylint: disable=g-import-not-at-top
+
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    root = root.parent
+  folder = os.path.join(root, name)
+  with open(os.path.join(root, f'{name}.lock'), 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not os.path.exists(os.path.join(folder, 'trained_by')):
+      shutil.rmtree(folder, ignore_errors=True)  # What a worker that failed half-way left.
+      os.makedirs(folder)
+      train_into(folder)
+      with open(os.path.join(folder, 'trained_by'), 'w') as f:
+        f.write(str(os.getpid()))
+  return folder
+
+
+def trained_by(folder: str) -> int:
+  """The process id that trained a shared fixture run (`_shared_run`)."""
+  with open(os.path.join(folder, 'trained_by')) as f:
+    return int(f.read())
+
+
+def tiny_run_config(workdir: str):
+  """`tiny_config` logging every step and saving at steps 3 and 6: what `tiny_run` trains."""
+  c = tiny_config(workdir)
+  c.train.log_every, c.train.checkpoint_every = 1, 3
+  return c
+
+
 @pytest.fixture(scope='session')
 def tiny_run(tmp_path_factory):
-  """Run folder of a finished 6-step training run of `tiny_config` (checkpoint, metrics.jsonl)."""
+  """Run folder of a finished 6-step training run of `tiny_run_config` (checkpoints at steps 3 and 6,
+  metrics.jsonl). Read it; a test that changes it works on a copy."""
   from tokjax import train  # pylint: disable=g-import-not-at-top
 
-  workdir = str(tmp_path_factory.mktemp('tiny_run'))
-  train.train(tiny_config(workdir))
-  return workdir
+  return _shared_run(tmp_path_factory, 'tiny_run', lambda d: train.train(tiny_run_config(d)))
 
 
 def tiny_two_stage_config(workdir: str):
@@ -77,24 +114,30 @@ def tiny_two_stage_config(workdir: str):
   c.data.corpus, c.data.max_bytes = 'stdlib', 200_000
   c.data.val_fraction = c.data.test_fraction = 0.1
   c.eval.max_batches = 2
-  c.train.steps, c.train.log_every, c.train.eval_every, c.train.checkpoint_every = 4, 2, 4, 4
+  c.train.steps, c.train.log_every, c.train.eval_every, c.train.checkpoint_every = 4, 1, 4, 2
   c.train.workdir = workdir
   return c
 
 
 @pytest.fixture(scope='session')
 def tiny_two_stage_run(tmp_path_factory):
-  """(run folder, console output) of a finished 4-step run of `tiny_two_stage_config`."""
+  """(run folder, console output) of a finished 4-step run of `tiny_two_stage_config` (checkpoints at
+  steps 2 and 4). Read it; a test that changes it works on a copy."""
   import contextlib  # pylint: disable=g-import-not-at-top
   import io  # pylint: disable=g-import-not-at-top
 
   from tokjax import train  # pylint: disable=g-import-not-at-top
 
-  workdir = str(tmp_path_factory.mktemp('tiny_two_stage_run'))
-  out = io.StringIO()
-  with contextlib.redirect_stdout(out):
-    train.train(tiny_two_stage_config(workdir))
-  return workdir, out.getvalue()
+  def train_into(workdir):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+      train.train(tiny_two_stage_config(workdir))
+    with open(os.path.join(workdir, 'console.txt'), 'w') as f:
+      f.write(out.getvalue())
+
+  workdir = _shared_run(tmp_path_factory, 'tiny_two_stage_run', train_into)
+  with open(os.path.join(workdir, 'console.txt')) as f:
+    return workdir, f.read()
 
 
 def tiny_flags(workdir: str, **overrides) -> list[str]:

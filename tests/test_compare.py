@@ -49,38 +49,6 @@ def _corpus(tmp_path):
   return corpus
 
 
-def test_a_method_added_in_one_file_trains_through_the_compare_command(tmp_path, toy_method):
-  """tests/toy_boundary.py registers 'punctuation' (one file); compare finds it by name, gives it its
-  config section, trains it one step without a policy gradient and evaluates it."""
-
-  assert toy_method in common.method_names()
-  corpus = _corpus(tmp_path)
-  results = compare.compare(
-      str(corpus),
-      4 * 64,
-      str(tmp_path / 'out'),
-      ['punctuation'],
-      tiny=True,
-      eval_cap=(2, 512),
-      evals=1,
-      command='test',
-  )
-  (r,) = results
-  assert r['method'] == 'punctuation' and math.isfinite(r['test']['bpb'])
-  rows = [
-      json.loads(line)
-      for line in (tmp_path / 'out' / 'punctuation' / 'metrics.jsonl').read_text().splitlines()
-  ]
-  train = [x for x in rows if x['split'] == 'train']
-  assert [x['step'] for x in train] == [1]
-  assert 'policy_loss' not in train[0]  # Not a score-function method: no policy gradient.
-  # Its rule on the held-out passage: every chunk but the last (closed by the forced final boundary)
-  # ends on a punctuation byte.
-  chunks = r['passage']['rendered'].split('|')[:-1]
-  assert all(c[-1] in '.,;\n' for c in chunks[:-1]), chunks
-  assert r['test']['rate'] < 0.1  # Punctuation is rare in this corpus: one comma per 78 bytes.
-
-
 def test_a_config_built_while_a_user_method_was_registered_reads_without_it(toy_method):
   """Configs built while the toy is imported carry config.boundary.punctuation; a checkpoint of such
   a config must still restore in a process that never imported it (evaluate, segment, resume)."""
@@ -104,12 +72,14 @@ def test_a_config_built_while_a_user_method_was_registered_reads_without_it(toy_
 
 
 # The table, curves and segmentations are method-agnostic, and every registered method's model is
-# checked by tests/test_rivals.py; these cover each kind of row: the score function, a fixed rule
-# and the flat model matched in parameters (the toy method above adds a rule without a policy).
-SOME_METHODS = ['policy', 'stride', 'flat']
+# checked by tests/test_rivals.py; these cover each kind of row: the score function, a fixed rule (the
+# one that tests/toy_boundary.py adds in one file, found by name) and the flat model matched in
+# parameters.
+SOME_METHODS = ['policy', 'punctuation', 'flat']
 
 
-def test_compare_runs_methods_end_to_end(tmp_path):
+def test_compare_runs_methods_end_to_end(tmp_path, toy_method):
+  assert toy_method in common.method_names()
   corpus = _corpus(tmp_path)
   out = tmp_path / 'out'
   results = compare.compare(
@@ -132,8 +102,19 @@ def test_compare_runs_methods_end_to_end(tmp_path):
     assert math.isfinite(r['test']['bpb']) and 0 < r['test']['bpb'] < 10, r['method']
     assert r['test']['documents'] == 2
   by = {r['method']: r for r in data['methods']}
-  # A fixed rule hits its definition: stride 1/5 of the bytes (forced ends aside).
-  assert abs(by['stride']['test']['rate'] - 0.2) < 0.05
+  # The added rule, given its config section, trains without a policy gradient and hits its
+  # definition on the held-out passage: every chunk but the last (closed by the forced final
+  # boundary) ends on a punctuation byte, one comma per 78 bytes of this corpus.
+  train = lambda m: [
+      x
+      for x in map(json.loads, (out / m / 'metrics.jsonl').read_text().splitlines())
+      if x['split'] == 'train'
+  ]
+  assert [x['step'] for x in train(toy_method)] == [1, 2]
+  assert 'policy_loss' not in train(toy_method)[0] and 'policy_loss' in train('policy')[0]
+  chunks = by[toy_method]['passage']['rendered'].split('|')[:-1]
+  assert all(c[-1] in '.,;\n' for c in chunks[:-1]), chunks
+  assert by[toy_method]['test']['rate'] < 0.1
   hier = data['meta']['hierarchical_params']
   flat = by['flat']['params']
   layers = data['meta']['flat_layers']

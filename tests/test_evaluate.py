@@ -81,12 +81,15 @@ def test_report_files(tiny_run, tmp_path):
 
 
 def _copy(run, tmp_path, name):
+  """A copy of the run with only its last checkpoint (older ones would be the fallback); -> (run
+  folder, that checkpoint's folder)."""
   dst = str(tmp_path / name)
   shutil.copytree(run, dst)
-  step_dir = os.path.join(
-      dst, 'checkpoints', sorted(os.listdir(os.path.join(dst, 'checkpoints')))[-1]
-  )
-  return dst, step_dir
+  ckpts = os.path.join(dst, 'checkpoints')
+  *older, last = sorted((n for n in os.listdir(ckpts) if n.isdigit()), key=int)
+  for step in older:
+    shutil.rmtree(os.path.join(ckpts, step))
+  return dst, os.path.join(ckpts, last)
 
 
 def test_bad_checkpoint_folders(tiny_run, tmp_path):

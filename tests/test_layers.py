@@ -13,10 +13,12 @@ from tokjax.errors import UserError
 from tokjax.models import layers
 
 
-def _config(kind='hierarchical', **model):
+def _config(kind='hierarchical', depth=1, **model):
+  """`depth` layers per stack (the flat model one more): one suffices where layers do not interact,
+  and each layer adds compile time; scanning needs a stack of several."""
   c = config_defaults.base_config()
-  c.model.update(d_model=32, capacity=24, encoder_layers=2, main_layers=2, decoder_layers=2)
-  c.model.update(num_layers=3, byte_window=8)
+  c.model.update(d_model=32, capacity=24, encoder_layers=depth, main_layers=depth)
+  c.model.update(decoder_layers=depth, num_layers=depth + 1, byte_window=8)
   c.model.update(model)
   c.model.kind = kind
   return c
@@ -83,8 +85,10 @@ def test_remat_changes_no_loss_or_gradient(kind):
 
 @pytest.mark.parametrize('kind', ['hierarchical', 'flat'])
 def test_scanned_layers_equal_unrolled_layers_with_mapped_parameters(kind):
-  unrolled = _config(kind)
-  scanned = _config(kind, scan_layers=True, remat=dict(encoder='full', main='dots', decoder='none'))
+  unrolled = _config(kind, depth=2)
+  scanned = _config(
+      kind, depth=2, scan_layers=True, remat=dict(encoder='full', main='dots', decoder='none')
+  )
   _, params = _params(unrolled)
   model_s, params_s_init = _params(scanned)
   mapped = layers.scan_params(params)
@@ -104,8 +108,7 @@ def test_scanned_layers_equal_unrolled_layers_with_mapped_parameters(kind):
 
 def test_cached_generation_runs_the_scanned_stacks():
   """Decoding calls the stacks with caches; scanned stacks give what unrolled ones give."""
-  unrolled, scanned = _config(), _config(scan_layers=True)
-  unrolled.model.main_layers = scanned.model.main_layers = 2
+  unrolled, scanned = _config(depth=2), _config(depth=2, scan_layers=True)
   model_u, params = _params(unrolled, 1, 32)
   model_s = models.build_model(scanned)
   prompt = decoding.encode_prompt(b'def f(x):', batch=1)
@@ -123,8 +126,8 @@ def test_blocked_attention_paths_equal_dense_attention():
   pos = jnp.broadcast_to(jnp.arange(45), (2, 45))
   for window, splits in [(8, 1), (8, 2), (8, 4), (6, 4), (16, 2)]:
     np.testing.assert_allclose(
-        layers.local_causal_attention(q, k, v, window, splits),
-        layers.full_causal_attention(q, k, v, pos, pos, None, window),
+        jit_call(layers.local_causal_attention, q, k, v, window, splits),
+        jit_call(layers.full_causal_attention, q, k, v, pos, pos, None, window),
         atol=1e-5,
     )
   valid = jnp.arange(45)[None, :] < jnp.array([[30], [7]])
@@ -135,8 +138,12 @@ def test_blocked_attention_paths_equal_dense_attention():
       # output is a uniform average over whatever keys were scored, read by nothing.
       rows = valid[..., None, None] if window else True
       np.testing.assert_allclose(
-          jnp.where(rows, layers.sorted_causal_attention(q, k, v, ends, valid, window, block), 0),
-          jnp.where(rows, layers.full_causal_attention(q, k, v, ends, ends, valid, window), 0),
+          jnp.where(
+              rows, jit_call(layers.sorted_causal_attention, q, k, v, ends, valid, window, block), 0
+          ),
+          jnp.where(
+              rows, jit_call(layers.full_causal_attention, q, k, v, ends, ends, valid, window), 0
+          ),
           atol=1e-5,
       )
 
@@ -146,20 +153,20 @@ def test_dot_product_attention_equals_blocked_attention():
   pos = jnp.broadcast_to(jnp.arange(45), (2, 45))
   for window in (0, 4, 8, 16):
     blocked = (
-        layers.local_causal_attention(q, k, v, window)
+        jit_call(layers.local_causal_attention, q, k, v, window)
         if window
-        else layers.full_causal_attention(q, k, v, pos, pos)
+        else jit_call(layers.full_causal_attention, q, k, v, pos, pos)
     )
     np.testing.assert_allclose(
-        layers.dot_product_causal_attention(q, k, v, window), blocked, atol=1e-5
+        jit_call(layers.dot_product_causal_attention, q, k, v, window), blocked, atol=1e-5
     )
   # Chunk buffers: increasing positions, a prefix of valid slots, invalid slots at position L.
   num_keys = jnp.array([30, 7])
   valid = jnp.arange(45)[None, :] < num_keys[:, None]
   ends = jnp.where(valid, jnp.cumsum(jnp.array([[1, 3] * 23])[:, :45].repeat(2, 0), axis=1), 200)
   np.testing.assert_allclose(
-      layers.dot_product_causal_attention(q, k, v, 0, num_keys),
-      layers.full_causal_attention(q, k, v, ends, ends, valid),
+      jit_call(layers.dot_product_causal_attention, q, k, v, 0, num_keys),
+      jit_call(layers.full_causal_attention, q, k, v, ends, ends, valid),
       atol=1e-5,
   )
 

@@ -10,6 +10,7 @@ printing one JSON line of measurements, and reuses tests/test_sharding.py's batc
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -834,23 +835,19 @@ def test_sharded_two_stage_step_equals_single_device():
 # ------------------------------------------------------------------------------ 5. resume
 
 
-def test_two_stage_run_resumes_exactly(tmp_path):
-  """configs/two_stage.py:learned,tiny for 4 steps (checkpoints at 2 and 4); drop step 4 and resume
-  from 2: steps 3 and 4 log the uninterrupted run's metrics, both stages' included, bit for bit."""
-  from conftest import tiny_config  # pylint: disable=g-import-not-at-top
+def test_two_stage_run_resumes_exactly(tiny_two_stage_run, tmp_path):
+  """The shared configs/two_stage.py:learned,tiny run (4 steps, checkpoints at 2 and 4), copied; drop
+  step 4 and resume from 2: steps 3 and 4 log the uninterrupted run's metrics, both stages' included,
+  bit for bit."""
+  from conftest import tiny_two_stage_config  # pylint: disable=g-import-not-at-top
 
-  from tokjax import checkpointing, config_files, train  # pylint: disable=g-import-not-at-top
+  from tokjax import checkpointing, train  # pylint: disable=g-import-not-at-top
   from tokjax.metric_writers import read_metrics  # pylint: disable=g-import-not-at-top
 
   workdir = str(tmp_path / 'run')
-  c = config_files.load('two_stage', 'learned,tiny')
-  small = tiny_config(workdir)
-  c.data.update(small.data.to_dict())
-  c.train.update(steps=4, log_every=1, eval_every=4, checkpoint_every=2, workdir=workdir)
-  c.eval.update(batch_size=4, max_batches=1)
+  shutil.copytree(tiny_two_stage_run[0], workdir)
   metrics = os.path.join(workdir, 'metrics.jsonl')
   train_rows = lambda: {r['step']: r for r in read_metrics(metrics) if r['split'] == 'train'}
-  train.train(c)
   uninterrupted = train_rows()
   mgr = checkpointing.manager(workdir)
   mgr.delete(4)
@@ -858,7 +855,7 @@ def test_two_stage_run_resumes_exactly(tmp_path):
   kept = [r for r in read_metrics(metrics) if r['step'] <= 2]
   with open(metrics, 'w') as f:
     f.writelines(json.dumps(r) + '\n' for r in kept)
-  train.train(c, resume=True)
+  train.train(tiny_two_stage_config(workdir), resume=True)
   resumed = train_rows()
   stage_keys = [k for k in uninterrupted[4] if k.startswith('stage1_')]
   assert 'stage1_rate' in stage_keys and 'stage1_policy_loss' in stage_keys

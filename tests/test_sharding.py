@@ -21,10 +21,10 @@ POLICY_METHODS = ('policy',)
 STRAIGHT_THROUGH_METHODS = ('hnet',)
 
 SINGLE = (1, 1, 1)
-# (data, fsdp, tensor). SOURCE ("2x4": data 2, fsdp 4) writes the checkpoint that TARGET ("8x1") and
-# one device restore.
-SOURCE, TARGET = (2, 4, 1), (8, 1, 1)
-POLICY_MESHES = (SINGLE, (2, 2, 2), SOURCE, TARGET)
+# (data, fsdp, tensor). SOURCE ("2x4": data 2, fsdp 4) writes the checkpoint that TARGET ("2x2x2",
+# whose tensor axis splits what SOURCE keeps whole) and one device restore.
+SOURCE, TARGET = (2, 4, 1), (2, 2, 2)
+POLICY_MESHES = (SINGLE, TARGET, SOURCE)
 RIVAL_MESHES = (SINGLE, (2, 2, 2))
 STEPS = 3
 TOL = 1e-5  # Losses and metrics.
@@ -434,9 +434,8 @@ def test_parameters_and_optimizer_state_are_sharded(results):
 def test_checkpoint_restores_on_other_meshes_and_training_continues(results):
   ck = results['policy']['checkpoint']
   assert ck[f'gate_shards_{SOURCE}'] == [[8, 128]]
-  assert ck[f'gate_shards_{TARGET}'] == [
-      [32, 128]
-  ]  # Restored with the target's (replicated) layout.
+  # Restored with the target's own layout, not the source's.
+  assert ck[f'gate_shards_{TARGET}'] == [[16, 64]]
   for shape in (TARGET, SINGLE):
     assert ck[f'restored_step_{shape}'] == STEPS and ck[f'state_step_{shape}'] == STEPS
     assert ck[f'loss_{shape}'] == pytest.approx(ck[f'loss_{SOURCE}'], rel=TOL, abs=TOL)

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import tiny_config
+from conftest import tiny_config, tiny_run_config
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,13 +40,12 @@ def test_loss_falls_on_a_small_real_slice(tmp_path):
   assert last < first - 1.0, (first, last)  # ln(258) = 5.55 nats at the start.
 
 
-def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
-  """Run 6 steps (checkpoints at 3 and 6); drop step 6, resume from 3: steps 4-6 give the same losses
-  bit for bit, which needs the params, optimizer state, data position and step keys all restored."""
+def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tiny_run, tmp_path):
+  """The shared 6-step run (checkpoints at 3 and 6), copied; drop step 6, resume from 3: steps 4-6
+  give the same losses bit for bit, which needs the params, optimizer state, data position and step
+  keys all restored."""
   workdir = str(tmp_path / 'run')
-  c = tiny_config(workdir)
-  c.train.log_every, c.train.checkpoint_every = 1, 3
-  train.train(c)
+  shutil.copytree(tiny_run, workdir)
   uninterrupted = _train_rows(workdir)
   mgr = checkpointing.manager(workdir)
   mgr.delete(6)
@@ -55,7 +54,7 @@ def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
   kept = [r for r in read_metrics(metrics) if r['step'] <= 3]
   with open(metrics, 'w') as f:
     f.writelines(json.dumps(r) + '\n' for r in kept)
-  train.train(c, resume=True)
+  train.train(tiny_run_config(workdir), resume=True)
   resumed = _train_rows(workdir)
   for step in (4, 5, 6):
     assert resumed[step]['loss'] == uninterrupted[step]['loss'], step
