@@ -6,7 +6,7 @@ import glob
 import os
 import shutil
 
-from conftest import tiny_config
+from conftest import tiny_config, tiny_run_config
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -17,14 +17,10 @@ from tokjax.metric_writers import read_metrics
 
 
 @pytest.fixture(scope='module')
-def two_step_run(tmp_path_factory):
-  """A finished 6-step run with complete checkpoints at steps 3 and 6."""
-  workdir = str(tmp_path_factory.mktemp('two_steps'))
-  c = tiny_config(workdir)
-  c.train.checkpoint_every = 3
-  train.train(c)
-  assert sorted(checkpointing.manager(workdir).all_steps()) == [3, 6]
-  return workdir
+def two_step_run(tiny_run):
+  """The session's finished 6-step run, with complete checkpoints at steps 3 and 6 (read only)."""
+  assert sorted(checkpointing.manager(tiny_run).all_steps()) == [3, 6]
+  return tiny_run
 
 
 def _truncate_arrays(step_dir):
@@ -68,9 +64,7 @@ def _warnings(out):
 @pytest.mark.parametrize('name', list(CORRUPTIONS))
 def test_resume_falls_back_to_the_previous_step_and_says_why(two_step_run, tmp_path, capsys, name):
   run = _corrupt(two_step_run, tmp_path, name)
-  c = tiny_config(run)
-  c.train.checkpoint_every = 3
-  val = train.train(c, resume=True)
+  val = train.train(tiny_run_config(run), resume=True)
   out = capsys.readouterr().out
   (line,) = _warnings(out)
   assert 'step 6' in line and CORRUPTIONS[name][1] in line and 'using step 3' in line, line
@@ -98,8 +92,7 @@ def test_inspection_falls_back_and_step_flag_demands_the_step(two_step_run, tmp_
 def test_resume_with_step_continues_from_that_step(two_step_run, tmp_path, capsys):
   run = str(tmp_path / 'run')
   shutil.copytree(two_step_run, run)
-  c = tiny_config(run)
-  c.train.checkpoint_every = 3
+  c = tiny_run_config(run)
   before = {
       r['step']: r['loss'] for r in read_metrics(os.path.join(run, 'metrics.jsonl')) if 'loss' in r
   }
@@ -119,6 +112,8 @@ def test_resume_without_checkpoint_and_after_the_end(two_step_run, tmp_path, cap
   c = tiny_config(fresh)
   c.train.steps = c.train.checkpoint_every = 3
   train.train(c, resume=True)
+  out = capsys.readouterr().out
+  assert 'no checkpoint in' in out and '--resume starts a fresh run' in out
   # Metrics but no checkpoint: refuse, unless told to overwrite.
   shutil.rmtree(os.path.join(fresh, 'checkpoints'))
   with pytest.raises(UserError, match='metrics but no checkpoint.*--overwrite'):
@@ -127,17 +122,11 @@ def test_resume_without_checkpoint_and_after_the_end(two_step_run, tmp_path, cap
   assert [r['step'] for r in read_metrics(os.path.join(fresh, 'metrics.jsonl'))] == [3, 3]
   capsys.readouterr()
   # A finished run: say so, exit normally, no NaN.
-  done = train.train(tiny_config(two_step_run), resume=True)
+  finished = str(tmp_path / 'finished')
+  shutil.copytree(two_step_run, finished)
+  done = train.train(tiny_run_config(finished), resume=True)
   out = capsys.readouterr().out
   assert 'already finished' in out and 'nan' not in out.lower() and np.isfinite(done['bpb'])
-
-
-def test_resume_without_checkpoint_says_it_starts_fresh(tmp_path, capsys):
-  c = tiny_config(str(tmp_path / 'run'))
-  c.train.steps = c.train.checkpoint_every = 3
-  train.train(c, resume=True)
-  out = capsys.readouterr().out
-  assert 'no checkpoint in' in out and '--resume starts a fresh run' in out
 
 
 def test_nonfinite_before_any_checkpoint_does_not_advise_resume(tmp_path, monkeypatch):
