@@ -106,29 +106,6 @@ def tiny_run(tmp_path_factory):
   return _shared_run(tmp_path_factory, 'tiny_run', lambda d: train.train(tiny_run_config(d)))
 
 
-# A 40-step `tiny_config` run evaluating every 4 steps and saving every 8, as `python -m tokjax.train`
-# flags (`tiny_flags` overrides) and as a config: the interrupted runs of the kill and signal tests.
-LONG_OVERRIDES = dict(
-    train__steps=40, train__log_every=1, train__eval_every=4, train__checkpoint_every=8
-)
-
-
-def long_config(workdir: str):
-  c = tiny_config(workdir)
-  for k, v in LONG_OVERRIDES.items():
-    section, name = k.split('__')
-    c[section][name] = v
-  return c
-
-
-@pytest.fixture(scope='session')
-def long_run(tmp_path_factory):
-  """Run folder of an uninterrupted `long_config` run (read only): what interrupted ones must equal."""
-  from tokjax import train  # pylint: disable=g-import-not-at-top
-
-  return _shared_run(tmp_path_factory, 'long_run', lambda d: train.train(long_config(d)))
-
-
 def tiny_two_stage_config(workdir: str):
   """configs/two_stage.py's learned/learned variant at its tiny size, on `tiny_config`'s data."""
   from tokjax import config_files  # pylint: disable=g-import-not-at-top

@@ -9,18 +9,31 @@ import subprocess
 import sys
 import time
 
+from conftest import tiny_config
 import jax
 import numpy as np
 import pytest
-from test_resume import REPO, SETTINGS, config_of, start_training, wait_for_train_step
+from test_resume import REPO, start_training, wait_for_train_step
 
 from tokjax import checkpointing, train
 from tokjax.metric_writers import read_metrics
 
+SETTINGS = dict(
+    train__steps=40, train__log_every=1, train__eval_every=40, train__checkpoint_every=40
+)
+
+
+def config_of(workdir):
+  c = tiny_config(workdir)
+  c.train.update(steps=40, log_every=1, eval_every=40, checkpoint_every=40)
+  return c
+
 
 @pytest.fixture(scope='module')
-def uninterrupted(long_run):
-  return long_run
+def uninterrupted(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('uninterrupted'))
+  train.train(config_of(workdir))
+  return workdir
 
 
 def _losses(workdir):

@@ -10,15 +10,14 @@ import subprocess
 import sys
 import time
 
-from conftest import LONG_OVERRIDES, long_config, tiny_flags
+from conftest import tiny_config, tiny_flags
 import pytest
 
 from tokjax import train
 from tokjax.metric_writers import curve_rows, is_wall_clock, read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SETTINGS = LONG_OVERRIDES
-config_of = long_config
+SETTINGS = dict(train__steps=40, train__log_every=1, train__eval_every=4, train__checkpoint_every=8)
 
 
 def start_training(workdir, **overrides):
@@ -59,6 +58,14 @@ def eval_row(line):
     return None
 
 
+def config_of(workdir):
+  c = tiny_config(workdir)
+  for k, v in SETTINGS.items():
+    section, name = k.split('__')
+    c[section][name] = v
+  return c
+
+
 def comparable(rows):
   return [{k: v for k, v in r.items() if not is_wall_clock(k)} for r in rows]
 
@@ -80,8 +87,10 @@ def tensorboard_steps(workdir, tag):
 
 
 @pytest.fixture(scope='module')
-def uninterrupted(long_run):
-  return long_run
+def uninterrupted(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('uninterrupted'))
+  train.train(config_of(workdir))
+  return workdir
 
 
 def test_kill9_after_a_checkpoint_then_resume_keeps_each_step_once(tmp_path, uninterrupted):
