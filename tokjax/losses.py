@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tokjax import boundary_stats, estimator
+from tokjax import boundary_stats, estimator, models
 from tokjax.models import interface, registry, stage_views
 
 LN2 = math.log(2.0)
@@ -67,10 +67,8 @@ def counterfactual_stages(config) -> tuple[tuple[int, str], ...]:
 
   Each costs one more forward pass per training step (the module docstring).
   """
-  if config.model.kind == 'flat':
-    return ()
   out = []
-  for s in range(stage_views.stage_count(config)):
+  for s in range(models.num_stages(config)):
     kind = estimator.stage_settings(config, s).reward
     method = stage_views.stage_method(config, s)
     if registry.get(method).score_function and estimator.counterfactual_mode(kind):
