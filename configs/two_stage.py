@@ -19,13 +19,16 @@ then decides what the model can carry past 64 bytes. With full attention in the 
 (window 0) they read every stage-0 chunk, and where stage-1 chunks end changes the loss only at
 second order: stage 1 had nothing to learn from.
 
-Expect, for the run before that window (--config.stages.window="(0,)"; measured on 2 CPU cores shared
-with test runs, wall 12m53s; the log is results/multistage/default_two_stage.txt): 1.41M parameters,
-final val bpb 2.428 (greedy 2.441)
-against the one-stage default's 2.370 and xz -9's 2.462, stage-0 rate 0.216 with chunks inside words
-(whitespace recall 0.02, where the one-stage model reaches 0.99), stage-1 rate 0.337 per stage-0
-chunk. The stage-1 policy stays unsure at this budget: its greedy boundaries close no stage-1 chunk
-before the forced last one, its sampled ones fall anywhere ("Bas||ic s|ub||process|| impl|ement").
+Expect (measured with this config pinned to one core with one XLA thread, `taskset -c 0 env
+XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" python -m tokjax.train
+--config configs/two_stage.py`, on a machine shared with other jobs, wall 40m55s; the log is
+results/multistage/counterfactual/today.txt): 1.41M parameters, final val bpb 2.419 +- 0.070 (greedy
+2.431) against the one-stage default's 2.377 and xz -9's 2.462, stage-0 rate 0.218 with chunks that
+end on a word's last byte rather than its space (greedy whitespace recall 0.007, where the one-stage
+model reaches 0.99: "wh|ich| only us|es| os| functions|."), and a stage 1 still unsure at this budget:
+its greedy boundaries close 0.041 of the stage-0 chunks, its sampled ones fall near chance
+(whitespace precision 0.067 against stage 0's 0.054). Other threading gives other floating-point
+sums and so other runs (configs/default.py says how much that matters for the one-stage model).
 
 Variants (stage 0 / stage 1):
   learned     policy / policy (the default)
