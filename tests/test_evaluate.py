@@ -85,11 +85,11 @@ def _copy(run, tmp_path, name):
   folder, that checkpoint's folder)."""
   dst = str(tmp_path / name)
   shutil.copytree(run, dst)
-  ckpts = os.path.join(dst, 'checkpoints')
-  *older, last = sorted((n for n in os.listdir(ckpts) if n.isdigit()), key=int)
+  mgr = checkpointing.manager(dst)
+  *older, last = sorted(mgr.all_steps())
   for step in older:
-    shutil.rmtree(os.path.join(ckpts, step))
-  return dst, os.path.join(ckpts, last)
+    mgr.delete(step)
+  return dst, os.path.join(dst, 'checkpoints', str(last))
 
 
 def test_bad_checkpoint_folders(tiny_run, tmp_path):
