@@ -145,12 +145,16 @@ def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
 
 
 def test_bad_ladder_flags_get_one_line(tmp_path):
+  bad_table = tmp_path / 'lr.json'
+  bad_table.write_text('{"policy": "fast"}')
   cases = [
       (['--methods', 'policy,nosuch'], 'unknown method'),
       (['--budgets', 'lots'], '--budgets and --lrs take numbers'),
       (['--methods', 'uniform'], '--reference=policy must be one of --methods'),
       (['--override', 'hnet'], 'must be METHOD:FIELD=VALUE'),
       (['--set', 'model.nosuch=1'], 'not a config field'),
+      (['--lr_table', str(tmp_path / 'nosuch.json')], 'nosuch.json: no such file'),
+      (['--lr_table', str(bad_table)], 'is not a {method: lr} JSON object'),
   ]
   # Side by side: each command is all start-up (importing jax), and those overlap.
   procs = [

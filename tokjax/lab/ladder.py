@@ -625,6 +625,23 @@ def _parse_map(items, what) -> dict:
   return out
 
 
+def read_lr_table(path) -> dict[str, float]:
+  """{method: lr} from a sweep's lr.json (`best_lrs`); UserError if it is missing or malformed."""
+  hint = 'pass the lr.json that a --lrs sweep wrote (e.g. results/ladder/shakespeare/lr_4e6.json)'
+  try:
+    with open(path) as fh:
+      table = json.load(fh)
+    if not isinstance(table, dict):
+      raise ValueError('not a {method: lr} object')
+    return {str(m): float(lr) for m, lr in table.items()}
+  except FileNotFoundError:
+    raise UserError(f'--lr_table={path}: no such file; {hint}.') from None
+  except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError.
+    raise UserError(
+        f'--lr_table={path} is not a {{method: lr}} JSON object ({e}); {hint}.'
+    ) from None
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
@@ -653,9 +670,7 @@ def main(argv):
   default_lr = common.compare_config('policy', f.corpus, tiny=f.tiny).optim.lr
   lrs = {m: lrs_grid or [default_lr] for m in f.methods}
   if f.lr_table:
-    with open(f.lr_table) as fh:
-      table = json.load(fh)
-    lrs.update({m: [float(table[m])] for m in f.methods if m in table})
+    lrs.update({m: [lr] for m, lr in read_lr_table(f.lr_table).items() if m in f.methods})
   per_method = _parse_map(f.override, 'override')
   overrides = {m: tuple(f.set) + tuple(per_method.get(m, ())) for m in f.methods}
   for m, items in overrides.items():
