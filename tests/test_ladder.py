@@ -77,6 +77,24 @@ def _run_dir(out, method='policy'):
   return os.path.join(out, 'runs', name)
 
 
+def test_trend_fits_each_paired_difference_over_budgets_and_checks_the_papers_ordering():
+  results = [_result('policy', 0, [10.0, 10.0], 2.0, b) for b in (1e6, 4e6)]
+  results += [_result('bpe', 0, [9.0, 9.0], 1.9, 1e6), _result('bpe', 0, [9.5, 9.5], 1.95, 4e6)]
+  results += [_result(m, 0, [11.0, 11.0], 2.1, 4e6) for m in ('hnet', 'uniform')]
+  t = ladder.trend(ladder.summarize(results, 'policy'), 'policy')[256]
+  nats_to_bpb = 1 / 100 / math.log(2)  # One nat more per 100-byte unit.
+  assert t['rungs'][1e6]['bpe'][0] == pytest.approx(-nats_to_bpb)
+  slope, crossing = t['fits']['bpe']
+  # Half the gap closes per 4x budget: the line reaches 0 one more 4x step on, at 1.6e7 bytes.
+  assert slope == pytest.approx(nats_to_bpb / 2) and crossing == pytest.approx(1.6e7)
+  assert 'hnet' not in t['fits']  # One budget only: no line.
+  # At 1e6 H-Net and uniform are missing; at 4e6 BPE-guided still beats the policy.
+  assert t['ordering'] == {1e6: None, 4e6: False}
+  results[3] = _result('bpe', 0, [10.0, 10.0], 2.0, 4e6)
+  t = ladder.trend(ladder.summarize(results, 'policy'), 'policy')[256]
+  assert t['ordering'][4e6] is True and t['fits']['bpe'][1] is None  # At 0: nothing to reach.
+
+
 def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
   whole, stopped = tmp_path / 'whole', tmp_path / 'stopped'
   # Each ladder pins its one job to the first core it may use: the reference gets the last core

@@ -441,6 +441,106 @@ def paired_over_seeds(runs_a, runs_b, split) -> dict | None:
   return out
 
 
+# The ordering of the paper's table: the reference at or below these (not worse by 2 s.e.) ...
+PAPER_AT_OR_BELOW = ('bpe',)
+# ... and below these by a paired difference of at least two standard errors.
+PAPER_BELOW = ('hnet', 'uniform')
+
+
+def _paired_se(p) -> float:
+  """A paired difference's s.e. over units and, where there are seeds, over seeds."""
+  return math.hypot(p['se'], p['seed_se'] or 0.0)
+
+
+def trend(rows, reference: str) -> dict:
+  """How each method's paired difference to the reference moves with the budget.
+
+  rows: `summarize`'s, one lr per (method, budget, seq_len) kept (the best on val). Per seq_len:
+  'rungs': {budget: {method: (diff, se)}} and 'ordering': {budget: True/False/None}, whether the
+  paper's ordering holds there (reference not 2 s.e. worse than PAPER_AT_OR_BELOW and 2 s.e. better
+  than PAPER_BELOW; None: a method is missing). 'fits': {method: (slope, crossing)} for methods at
+  >= 2 budgets: the least-squares slope of the difference per 4x budget, and the budget at which
+  that line reaches 0 beyond the top rung (None if it moves away from 0). A straight line in log
+  budget through a few rungs is an extrapolation, not a prediction.
+  """
+  out = {}
+  for L in sorted({r['seq_len'] for r in rows}):
+    best = [r for r in rows if r['seq_len'] == L and r.get('paired') and _is_best_lr(r, rows)]
+    rungs = {}
+    for r in best:
+      rungs.setdefault(r['budget'], {})[r['method']] = (
+          r['paired']['diff'],
+          _paired_se(r['paired']),
+      )
+    ordering = {}
+    for b, ds in rungs.items():
+      if any(m not in ds for m in PAPER_AT_OR_BELOW + PAPER_BELOW):
+        ordering[b] = None
+        continue
+      ordering[b] = all(ds[m][0] >= -2 * ds[m][1] for m in PAPER_AT_OR_BELOW) and all(
+          ds[m][0] >= 2 * ds[m][1] for m in PAPER_BELOW
+      )
+    fits = {}
+    for m in sorted({m for ds in rungs.values() for m in ds}):
+      pts = sorted((b, ds[m][0]) for b, ds in rungs.items() if m in ds)
+      if len(pts) < 2:
+        continue
+      x = np.log([b for b, _ in pts]) / math.log(4.0)
+      y = np.array([d for _, d in pts])
+      slope, intercept = np.polyfit(x, y, 1)
+      top_b, top_d = pts[-1]
+      crossing = None
+      if slope != 0 and top_d * slope < 0:  # Moving towards 0 from the top rung.
+        crossing = float(4.0 ** (-intercept / slope))
+      fits[m] = (float(slope), crossing)
+    out[L] = {'rungs': rungs, 'ordering': ordering, 'fits': fits}
+  return out
+
+
+def _trend_lines(rows, meta) -> list[str]:
+  ref = meta['reference']
+  lines = []
+  for L, t in trend(rows, ref).items():
+    budgets = sorted(t['rungs'])
+    methods = sorted({m for ds in t['rungs'].values() for m in ds})
+    if len(budgets) < 2:
+      continue
+    cell = lambda d: f'{d[0]:+.4f} +- {d[1]:.4f}' if d else '-'
+    lines += [
+        '',
+        f'## Trend (L = {L})',
+        '',
+        f'Paired difference to `{ref}` (method minus {ref}, s.e. over units and seeds) at each '
+        'budget, its least-squares slope per 4x budget, and the budget at which that line reaches '
+        '0 (an extrapolation of a straight line in log budget: "-" where it moves away from 0). '
+        f"The paper's ordering ({ref} not worse than {', '.join(PAPER_AT_OR_BELOW)} by 2 s.e., "
+        f'better than {", ".join(PAPER_BELOW)} by 2 s.e.): '
+        + ', '.join(
+            f'{b:.3g}: ' + {True: 'holds', False: 'does not hold', None: 'not all run'}[o]
+            for b, o in sorted(t['ordering'].items())
+        )
+        + '.',
+        '',
+        *common.table(
+            'method | '
+            + ' | '.join(f'{b:.3g} B' for b in budgets)
+            + ' | slope / 4x | reaches 0 at',
+            (
+                f'{m} | '
+                + ' | '.join(cell(t['rungs'][b].get(m)) for b in budgets)
+                + (
+                    f' | {t["fits"][m][0]:+.4f} | '
+                    + (f'{t["fits"][m][1]:.2g} B' if t['fits'][m][1] else '-')
+                    if m in t['fits']
+                    else ' | - | -'
+                )
+                for m in methods
+            ),
+        ),
+    ]
+  return lines
+
+
 RATE_TOLERANCE = (
     0.02  # A chunked method's realised rate counts as matched within this of the target.
 )
@@ -518,7 +618,10 @@ def write_outputs(out_dir, rows, meta) -> None:
             ),
         ),
     ]
-  common.write_results(out_dir, {'meta': meta, 'rows': rows}, lines)
+  lines += _trend_lines(rows, meta)
+  trends = {str(L): t for L, t in trend(rows, meta['reference']).items()}
+  trends = json.loads(json.dumps(trends, default=str))  # Budgets as keys: JSON takes strings only.
+  common.write_results(out_dir, {'meta': meta, 'rows': rows, 'trend': trends}, lines)
   _plot(out_dir, rows, meta)
 
 
