@@ -684,7 +684,10 @@ def _plot(out_dir, rows, meta) -> None:
       ('training bytes', 'training bytes', 'training FLOPs (realised rate)'),
   ):
     ax.set_xscale('log')
-    if ax is not axes[2]:  # Budgets are decades apart; FLOPs of one rung need the minor labels.
+    lo, hi = ax.get_xlim()
+    if (
+        hi > 10 * lo
+    ):  # Over a decade the major labels suffice; within one the minor ones are needed.
       ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel(xl)
     ax.set_title(title)
