@@ -488,7 +488,7 @@ def trend(rows, reference: str) -> dict:
       x = np.log([b for b, _ in pts]) / math.log(4.0)
       y = np.array([d for _, d in pts])
       slope, intercept = np.polyfit(x, y, 1)
-      top_b, top_d = pts[-1]
+      top_d = pts[-1][1]
       crossing = None
       if slope != 0 and top_d * slope < 0:  # Moving towards 0 from the top rung.
         crossing = float(4.0 ** (-intercept / slope))
@@ -497,10 +497,11 @@ def trend(rows, reference: str) -> dict:
   return out
 
 
-def _trend_lines(rows, meta) -> list[str]:
+def _trend_lines(trends, meta) -> list[str]:
+  """The report's Trend sections: one per sequence length of `trend`'s output with >= 2 budgets."""
   ref = meta['reference']
   lines = []
-  for L, t in trend(rows, ref).items():
+  for L, t in trends.items():
     budgets = sorted(t['rungs'])
     methods = sorted({m for ds in t['rungs'].values() for m in ds})
     if len(budgets) < 2:
@@ -618,9 +619,8 @@ def write_outputs(out_dir, rows, meta) -> None:
             ),
         ),
     ]
-  lines += _trend_lines(rows, meta)
-  trends = {str(L): t for L, t in trend(rows, meta['reference']).items()}
-  trends = json.loads(json.dumps(trends, default=str))  # Budgets as keys: JSON takes strings only.
+  trends = trend(rows, meta['reference'])
+  lines += _trend_lines(trends, meta)
   common.write_results(out_dir, {'meta': meta, 'rows': rows, 'trend': trends}, lines)
   _plot(out_dir, rows, meta)
 
@@ -666,7 +666,7 @@ def _plot(out_dir, rows, meta) -> None:
         axes[1].errorbar(
             [r['train_bytes'] for r in ps],
             [r['paired']['diff'] for r in ps],
-            yerr=[2 * math.hypot(r['paired']['se'], r['paired']['seed_se'] or 0) for r in ps],
+            yerr=[2 * _paired_se(r['paired']) for r in ps],
             marker='o',
             capsize=3,
             color=line[0].get_color(),
@@ -685,9 +685,8 @@ def _plot(out_dir, rows, meta) -> None:
   ):
     ax.set_xscale('log')
     lo, hi = ax.get_xlim()
-    if (
-        hi > 10 * lo
-    ):  # Over a decade the major labels suffice; within one the minor ones are needed.
+    # Over a decade the major labels suffice; within one the minor ones are needed.
+    if hi > 10 * lo:
       ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel(xl)
     ax.set_title(title)
