@@ -15,15 +15,19 @@ def _bytes(text: bytes) -> np.ndarray:
   return np.frombuffer(text, np.uint8).astype(np.int32)[None]
 
 
-def test_builtin_references_mark_whitespace_and_line_ends():
+def test_builtin_references_mark_whitespace_line_ends_and_word_ends():
   tokens = _bytes(b'a b\tc\nd\re.')
   refs = bs.masks(bs.BUILTIN, tokens)
-  assert sorted(refs) == ['line', 'whitespace']
+  assert sorted(refs) == ['line', 'whitespace', 'word_end']
   np.testing.assert_array_equal(np.flatnonzero(refs['whitespace'][0]), [1, 3, 5, 7])
   np.testing.assert_array_equal(np.flatnonzero(refs['line'][0]), [5])
+  np.testing.assert_array_equal(np.flatnonzero(refs['word_end'][0]), [0, 2, 4, 6])
+  # A word end is the last byte before a gap: not inside a run of whitespace, and not a row's last
+  # byte (its next byte is unknown).
+  np.testing.assert_array_equal(np.flatnonzero(bs.word_end(_bytes(b'ab  c d'))[0]), [1, 4])
   # The same marks from jax arrays (the training metrics' path).
-  np.testing.assert_array_equal(bs.whitespace(jnp.asarray(tokens)), refs['whitespace'])
-  np.testing.assert_array_equal(bs.line_end(jnp.asarray(tokens)), refs['line'])
+  for name, ref in bs.BUILTIN.items():
+    np.testing.assert_array_equal(ref(jnp.asarray(tokens), None), refs[name])
 
 
 def test_phrase_end_reference_marks_punctuation_and_the_whitespace_after_it():
@@ -120,7 +124,12 @@ def test_level_rates_and_chunk_histogram():
 
 
 def test_a_reference_may_not_shadow_a_builtin():
-  assert list(bs.with_references({'mine': bs.whitespace})) == ['whitespace', 'line', 'mine']
+  assert list(bs.with_references({'mine': bs.whitespace})) == [
+      'whitespace',
+      'line',
+      'word_end',
+      'mine',
+  ]
   with pytest.raises(ValueError, match='builtin'):
     bs.with_references({'line': bs.whitespace})
 
@@ -141,10 +150,13 @@ def test_training_metrics_against_a_hand_count():
           'whitespace_recall',
           'whitespace_precision',
           'line_precision',
+          'word_end_recall',
           'overflow',
           'overflow_rows',
       ]
   )
+  # Word ends ('b', 'd', 'f': before ' ', '\n', ' ') at 1, 4, 7; boundaries at 1 and 7.
+  np.testing.assert_allclose(m['word_end_recall'], 2 / 3, rtol=1e-6)
   np.testing.assert_allclose(
       [m['rate'], m['bytes_per_chunk'], m['whitespace_recall'], m['whitespace_precision']],
       [4 / 9, 9 / 4, 2 / 3, 2 / 4],

@@ -146,7 +146,13 @@ def test_evaluator_scores_a_callers_reference_at_every_level_from_its_counts(tin
   plain = ckpt.evaluator.run(ckpt.params, docs, key, modes=('sample',))['sample']
   assert {k: v for k, v in m.items() if k in plain} == plain  # Extra references change nothing.
   levels = m['counts']
-  assert len(levels) == 2 and sorted(levels[0]) == ['letter_a', 'line', 'space_too', 'whitespace']
+  assert len(levels) == 2 and sorted(levels[0]) == [
+      'letter_a',
+      'line',
+      'space_too',
+      'whitespace',
+      'word_end',
+  ]
   for s, prefix in enumerate(('', 'stage1_')):
     for k in ('precision', 'recall', 'f1'):
       assert m[f'{prefix}space_too_{k}'] == m[f'{prefix}whitespace_{k}']

@@ -52,8 +52,22 @@ def line_end(tokens, positions=None):
   return tokens == NEWLINE
 
 
+def word_end(tokens, positions=None):
+  """bool[B, L]: the byte is a word's last, the next one whitespace ("word| next").
+
+  The other side of a word gap from `whitespace`: a chunk that ends here leaves the space to start
+  the next chunk, as GPT-2's tokens do, and a model may learn words that way round. A row's last
+  byte is unmarked (its next byte is not in the row).
+  """
+  del positions
+  xp = _xp(tokens)
+  ws = whitespace(tokens)
+  before_ws = xp.concatenate([ws[..., 1:], xp.zeros_like(ws[..., :1])], axis=-1)
+  return before_ws & ~ws
+
+
 BUILTIN: Mapping[str, Reference] = types.MappingProxyType(
-    {'whitespace': whitespace, 'line': line_end}
+    {'whitespace': whitespace, 'line': line_end, 'word_end': word_end}
 )
 
 

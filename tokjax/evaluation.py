@@ -247,7 +247,7 @@ class Evaluator:
     for s, (c, hist, rate) in enumerate(zip(levels, hists, rates)):
       # Stage s >= 1 decides once per chunk of stage s - 1: its rate is per such chunk.
       stats = {'rate': float(rate), 'bytes_per_chunk': float(c['whitespace'].bytes_per_chunk)}
-      for name in [r for r in ('whitespace', 'bpe') if r in c]:
+      for name in [r for r in ('whitespace', 'word_end', 'bpe') if r in c]:
         stats.update({f'{name}_{k}': float(getattr(c[name], k)) for k in PRF})
       stats.update(line_precision=float(c['line'].precision), line_recall=float(c['line'].recall))
       for name in [r for r in refs if r not in boundary_stats.BUILTIN]:

@@ -44,12 +44,14 @@ def boundary_metrics(tokens, actions, mask, dropped=None):
   ws = boundary_stats.count(actions, mask, refs['whitespace'])
   # Line alignment: text has one newline per ~40-80 bytes.
   line = boundary_stats.count(actions, mask, refs['line'])
+  word = boundary_stats.count(actions, mask, refs['word_end'])
   out = {
       'rate': ws.rate,
       'bytes_per_chunk': 1.0 / jnp.maximum(ws.rate, 1e-6),
       'whitespace_recall': ws.recall,
       'whitespace_precision': ws.precision,
       'line_precision': line.precision,
+      'word_end_recall': word.recall,
   }
   if dropped is not None:
     out['overflow'] = jnp.sum(dropped) / jnp.maximum(jnp.sum(dropped) + jnp.sum(actions), 1.0)
@@ -202,7 +204,9 @@ def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask, ce_base=None)
     loss = loss + rl_loss
     metrics.update(rl_metrics)
   stats = boundary_metrics(stage.tokens, bnd.actions, valid, bnd.dropped * valid)
-  del stats['whitespace_recall']  # Per byte, not per chunk: see stage 0's.
+  # Recalls are per byte, not per chunk (see stage 0's); a word end needs the byte after it.
+  for per_byte in ('whitespace_recall', 'word_end_recall'):
+    del stats[per_byte]
   stats['bytes_per_chunk'] = jnp.sum(mask) / jnp.maximum(jnp.sum(bnd.actions * valid), 1.0)
   metrics.update(stats)
   metrics.update({k: v for k, v in bnd.stats.items() if jnp.ndim(v) == 0})

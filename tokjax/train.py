@@ -193,6 +193,7 @@ class Reporter:
     self.writer.write(done, 'train', dict(metrics, **speed))
     extra = (
         f' | rate {metrics["rate"]:.3f} ws {metrics["whitespace_recall"]:.2f}'
+        f' word-end {metrics["word_end_recall"]:.2f}'
         + ''.join(f' | stage {s} rate {r:.3f}' for s, r in enumerate(rate[1:], start=1))
         if self.stages
         else ''
@@ -212,7 +213,7 @@ class Reporter:
     greedy = f' (greedy {val["greedy_bpb"]:.4f})' if self.stages else ''
     seg = (
         f' | rate {val["rate"]:.3f} ws {val["whitespace_recall"]:.2f} greedy ws '
-        f'{val["greedy_whitespace_recall"]:.2f}'
+        f'{val["greedy_whitespace_recall"]:.2f} word-end {val["greedy_word_end_recall"]:.2f}'
         + ''.join(
             f' | stage {s} rate {val[interface.stage_metric(s, "rate")]:.3f}'
             for s in range(1, self.stages)
