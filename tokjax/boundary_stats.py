@@ -53,11 +53,12 @@ def line_end(tokens, positions=None):
 
 
 def word_end(tokens, positions=None):
-  """bool[B, L]: the byte is a word's last, the next one whitespace ("word| next").
+  """bool[B, L]: the byte is not whitespace and the next one is ("word| next", "word,| next").
 
   The other side of a word gap from `whitespace`: a chunk that ends here leaves the space to start
-  the next chunk, as GPT-2's tokens do, and a model may learn words that way round. A row's last
-  byte is unmarked (its next byte is not in the row).
+  the next chunk, as GPT-2's tokens do, and a model may learn words that way round. A word's
+  trailing punctuation is part of it here. A row's last byte is unmarked (its next byte is not in
+  the row).
   """
   del positions
   xp = _xp(tokens)
