@@ -95,17 +95,46 @@ def test_trend_fits_each_paired_difference_over_budgets_and_checks_the_papers_or
   assert t['ordering'][4e6] is True and t['fits']['bpe'][1] is None  # At 0: nothing to reach.
 
 
-def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
-  whole, stopped = tmp_path / 'whole', tmp_path / 'stopped'
-  # Each ladder pins its one job to the first core it may use: the reference gets the last core
-  # (a child inherits the affinity of the thread that starts it), so that the two runs side by side
-  # do not share one core while another idles.
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+  """A tiny ladder run trained without a stop, started in the background; call to wait for it.
+
+  It is pinned to the last core (a child inherits the affinity of the thread that starts it), so that
+  the stopped ladder, whose one job takes the first core, runs beside it instead of sharing one core
+  while another idles.
+  """
+  whole = tmp_path_factory.mktemp('whole')
   cores = os.sched_getaffinity(0)
   os.sched_setaffinity(0, {max(cores)})
   try:
     reference = subprocess.Popen(_ladder(whole), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
   finally:
     os.sched_setaffinity(0, cores)
+
+  def wait():
+    if reference.returncode is None:
+      out = reference.communicate(timeout=600)[0]
+      assert reference.returncode == 0, out
+    return whole
+
+  yield wait
+  if reference.poll() is None:
+    reference.kill()
+
+
+def _final(out):
+  """A finished run's test bpb, per-unit CE and logged metrics (timings left out)."""
+  with open(os.path.join(_run_dir(out), 'result.json')) as f:
+    r = json.load(f)
+  rows = [json.loads(x) for x in open(os.path.join(_run_dir(out), 'metrics.jsonl'))]
+  logged = [
+      {k: v for k, v in x.items() if k not in ('bytes_per_s', 'model_tflops', 'mfu')} for x in rows
+  ]
+  return r['test']['bpb'], r['test']['unit_ce'], logged
+
+
+def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path, uninterrupted):
+  stopped = tmp_path / 'stopped'
   # Two runs, one job: the second is still waiting when the first is stopped.
   two = dict(methods='policy,uniform')
   proc = subprocess.Popen(_ladder(stopped, **two), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -134,20 +163,7 @@ def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
   log = open(os.path.join(_run_dir(stopped), 'train.log')).read()
   assert 'resumed from step' in log  # The run really was cut short and continued.
   assert 'continue with the ladder command and --resume' in log
-  reference.communicate(timeout=600)
-  assert reference.returncode == 0
-
-  def final(out):
-    with open(os.path.join(_run_dir(out), 'result.json')) as f:
-      r = json.load(f)
-    rows = [json.loads(x) for x in open(os.path.join(_run_dir(out), 'metrics.jsonl'))]
-    last = [
-        {k: v for k, v in x.items() if k not in ('bytes_per_s', 'model_tflops', 'mfu')}
-        for x in rows
-    ]
-    return r['test']['bpb'], r['test']['unit_ce'], last
-
-  assert final(stopped) == final(whole)  # Bitwise: exact resume.
+  assert _final(stopped) == _final(uninterrupted())  # Bitwise: exact resume.
 
   # Idempotent: a finished ladder reads its results back and trains nothing.
   assert ladder.status(str(stopped), run, scoring) == 'done'
@@ -162,6 +178,29 @@ def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
   )
 
 
+def test_a_job_on_two_cores_splits_the_batch_over_two_devices_and_trains_the_same_run(
+    tmp_path, uninterrupted
+):
+  whole = uninterrupted()
+  two = tmp_path / 'two'
+  done = subprocess.run(
+      _ladder(two, '--cores_per_job', '2'), capture_output=True, text=True, timeout=600
+  )
+  assert done.returncode == 0, done.stdout + done.stderr
+  with open(os.path.join(_run_dir(two), 'result.json')) as f:
+    assert json.load(f)['train_devices'] == 2
+  with open(os.path.join(_run_dir(whole), 'result.json')) as f:
+    assert json.load(f)['train_devices'] == 1
+  # The same run up to the order of the gradient's sums over the two halves of the batch.
+  bpb, unit_ce, logged = _final(two)
+  ref_bpb, ref_unit_ce, ref_logged = _final(whole)
+  assert bpb == pytest.approx(ref_bpb, rel=1e-5)
+  np.testing.assert_allclose(unit_ce, ref_unit_ce, rtol=1e-4)
+  assert [r['step'] for r in logged] == [r['step'] for r in ref_logged]
+  losses = [r['loss'] for r in logged if 'loss' in r]
+  np.testing.assert_allclose(losses, [r['loss'] for r in ref_logged if 'loss' in r], rtol=1e-4)
+
+
 def test_bad_ladder_flags_get_one_line(tmp_path):
   bad_table = tmp_path / 'lr.json'
   bad_table.write_text('{"policy": "fast"}')
@@ -173,6 +212,7 @@ def test_bad_ladder_flags_get_one_line(tmp_path):
       (['--set', 'model.nosuch=1'], 'not a config field'),
       (['--lr_table', str(tmp_path / 'nosuch.json')], 'nosuch.json: no such file'),
       (['--lr_table', str(bad_table)], 'is not a {method: lr} JSON object'),
+      (['--cores_per_job', '3'], '--cores_per_job=3 must divide the batch'),
   ]
   # Side by side: each command is all start-up (importing jax), and those overlap.
   procs = [

@@ -19,8 +19,11 @@ unfinished runs. Ctrl-C or SIGTERM stops every job after its checkpoint is saved
 tables and plot of the runs finished so far and runs nothing.
 
 --jobs N runs N runs side by side, each pinned to its own core (of the cores this process may use)
-with one XLA thread: on a small machine that beats one multi-threaded run. One progress line per
-running job every --progress_s seconds (budget, step, bytes/s, ETA).
+with one XLA thread: on a small machine that beats one multi-threaded run. --cores_per_job K gives
+each job K cores as K host devices, one XLA thread each, over which the trainer's mesh splits the
+batch (data parallel): the same run up to the order of floating-point sums, in less wall time, for a
+run too long for one core (results/ladder/README.md has the measured speed-up).
+One progress line per running job every --progress_s seconds (budget, step, bytes/s, ETA).
 
 OUT gets results.md, results.json (every run and every paired difference) and ladder.png (test bpb
 against training bytes, one line per method; second panel: paired difference to the reference method;
@@ -153,7 +156,7 @@ def work(run_dir: str) -> dict:
           f'{run.name} stopped, checkpoint saved; continue with the ladder command and --resume',
           e.exit_code - 128,
       ) from None
-    result = {'run': spec, 'train_wall_s': time.time() - t0}
+    result = {'run': spec, 'train_wall_s': time.time() - t0, 'train_devices': _device_count()}
   ckpt = checkpointing.load_checkpoint(run_dir)
   splits = _splits(config, run.corpus)
   key = _eval_key()
@@ -180,6 +183,12 @@ def _splits(config, corpus):
   data = config.data.copy_and_resolve_references()
   data.corpus = corpus
   return pipeline.load_splits(data, corpus)
+
+
+def _device_count() -> int:
+  import jax  # pylint: disable=g-import-not-at-top
+
+  return jax.device_count()
 
 
 def _eval_key():
@@ -266,9 +275,17 @@ def _progress(out_dir, run: Run, started: float, batch_size: int) -> str:
 
 
 def execute(
-    out_dir, runs, scoring: Scoring, jobs: int, resume: bool, progress_s: float, batch_size: int
+    out_dir,
+    runs,
+    scoring: Scoring,
+    jobs: int,
+    resume: bool,
+    progress_s: float,
+    batch_size: int,
+    cores_per_job: int = 1,
 ) -> int:
-  """Runs every run not done yet, `jobs` at a time, each pinned to one core. -> failures."""
+  """Runs every run not done yet, `jobs` at a time, each pinned to `cores_per_job` cores (as many
+  host devices, one XLA thread each). -> failures."""
   todo = []
   for run in runs:
     st = status(out_dir, run, scoring)
@@ -283,8 +300,17 @@ def execute(
       f'[ladder] {len(runs) - len(todo)} of {len(runs)} runs done, {len(todo)} to run', flush=True
   )
   cores = sorted(os.sched_getaffinity(0))
-  free = [cores[i % len(cores)] for i in range(jobs)]
-  running = {}  # Popen -> (run, core, start time)
+  free = [  # One group of cores per job; groups repeat cores only when there are too few.
+      tuple(cores[(i * cores_per_job + j) % len(cores)] for j in range(cores_per_job))
+      for i in range(jobs)
+  ]
+  xla_flags = os.environ.get('XLA_FLAGS', '')
+  if cores_per_job > 1:
+    xla_flags += f' --xla_force_host_platform_device_count={cores_per_job}'
+  # Last: XLA drops the flags that follow ONE_THREAD's bare 'intra_op_parallelism_threads=1' (a device
+  # count placed after it gave one device).
+  xla_flags += ' ' + ONE_THREAD
+  running = {}  # Popen -> (run, cores, start time)
   stopping = {'signal': None}
   failures = 0
 
@@ -300,28 +326,32 @@ def execute(
   try:
     while running or (todo and stopping['signal'] is None):
       while todo and free and stopping['signal'] is None:
-        run, core = todo.pop(0), free.pop(0)
+        run, group = todo.pop(0), free.pop(0)
         d = os.path.join(out_dir, 'runs', run.name)
         os.makedirs(d, exist_ok=True)
         write_spec(d, run, scoring)
-        env = dict(os.environ, XLA_FLAGS=(os.environ.get('XLA_FLAGS', '') + ' ' + ONE_THREAD))
+        env = dict(os.environ, XLA_FLAGS=xla_flags)
         log = open(os.path.join(d, 'train.log'), 'a')
         # The worker pins itself (no Python between fork and exec: this process runs JAX), in a
         # session of its own so that a Ctrl-C reaches it only through stop() below.
         p = subprocess.Popen(
-            [sys.executable, '-m', 'tokjax.lab.ladder', '--worker', d, f'--core={core}'],
+            [
+                sys.executable,
+                *('-m', 'tokjax.lab.ladder', '--worker', d),
+                '--cores=' + ','.join(map(str, group)),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
         )
         log.close()
-        running[p] = (run, core, time.time())
-        print(f'[ladder] start {run.name} on core {core}', flush=True)
+        running[p] = (run, group, time.time())
+        print(f'[ladder] start {run.name} on core {",".join(map(str, group))}', flush=True)
       time.sleep(1.0)
       for p in [p for p in running if p.poll() is not None]:
-        run, core, t0 = running.pop(p)
-        free.append(core)
+        run, group, t0 = running.pop(p)
+        free.append(group)
         if p.returncode == 0:
           print(f'[ladder] done {run.name} ({(time.time() - t0) / 60:.1f}m)', flush=True)
         elif stopping['signal'] is not None:
@@ -752,8 +782,9 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   f = flags.FLAGS
   if f.worker:
-    if f.core is not None:
-      os.sched_setaffinity(0, {f.core})  # Before JAX starts its threads, which inherit it.
+    if f.cores:
+      # Before JAX starts its threads, which inherit it.
+      os.sched_setaffinity(0, {int(c) for c in f.cores})
     work(f.worker)
     return
 
@@ -772,8 +803,14 @@ def main(argv):
     raise UserError('--budgets must be positive numbers of training bytes, e.g. --budgets 1e6,4e6.')
   if f.jobs < 1:
     raise UserError(f'--jobs={f.jobs} must be at least 1.')
-  default_lr = common.compare_config('policy', f.corpus, tiny=f.tiny).optim.lr
-  lrs = {m: lrs_grid or [default_lr] for m in f.methods}
+  base = common.compare_config('policy', f.corpus, tiny=f.tiny)
+  batch_size = base.data.batch_size
+  if f.cores_per_job < 1 or batch_size % f.cores_per_job:
+    raise UserError(
+        f'--cores_per_job={f.cores_per_job} must divide the batch of {batch_size} sequences '
+        '(each core takes an equal share), e.g. 1, 2 or 4.'
+    )
+  lrs = {m: lrs_grid or [base.optim.lr] for m in f.methods}
   if f.lr_table:
     lrs.update({m: [lr] for m, lr in read_lr_table(f.lr_table).items() if m in f.methods})
   per_method = _parse_map(f.override, 'override')
@@ -782,12 +819,10 @@ def main(argv):
     for item in items:
       if '=' not in item:
         raise UserError(f'override {item!r} of {m} must be FIELD=VALUE, e.g. train.log_every=10.')
-  base = common.compare_config('policy', f.corpus, tiny=f.tiny)
   seq_lens = [int(x) for x in f.seq_lens] or [base.data.seq_len]
   seeds = [int(s) for s in f.seeds]
   runs = plan(f.corpus, budgets, f.methods, seeds, seq_lens, lrs, overrides, f.tiny)
   scoring = Scoring(f.unit_bytes, tuple(f.cross))
-  batch_size = base.data.batch_size
   for run in {dataclasses.replace(r, seed=0, budget=1e6) for r in runs}:
     build_config(run)  # Bad overrides stop here with one line, before any run starts.
   os.makedirs(os.path.join(f.out, 'runs'), exist_ok=True)
@@ -796,7 +831,9 @@ def main(argv):
   )
   failures = 0
   if not f.report:
-    failures = execute(f.out, runs, scoring, f.jobs, f.resume, f.progress_s, batch_size)
+    failures = execute(
+        f.out, runs, scoring, f.jobs, f.resume, f.progress_s, batch_size, f.cores_per_job
+    )
   results = load_results(f.out, runs)
   meta = {
       'corpus': f.corpus,
@@ -843,13 +880,16 @@ def define_flags():
   flags.DEFINE_integer(
       'unit_bytes', Scoring.unit_bytes, 'Scoring unit: windows of this many bytes.'
   )
-  flags.DEFINE_integer('jobs', 1, 'Runs side by side, each pinned to one core.')
+  flags.DEFINE_integer('jobs', 1, 'Runs side by side, each pinned to its own cores.')
+  flags.DEFINE_integer(
+      'cores_per_job', 1, 'Cores of each job, as host devices over which the batch is split.'
+  )
   flags.DEFINE_bool('resume', False, 'Continue unfinished runs from their checkpoints.')
   flags.DEFINE_bool('report', False, 'Only write the tables and plot of the runs finished so far.')
   flags.DEFINE_float('progress_s', 60.0, 'Seconds between progress lines.')
   flags.DEFINE_string('out', 'results/ladder/run', 'Results folder.')
   flags.DEFINE_string('worker', None, 'Internal: train and score the run in this folder.')
-  flags.DEFINE_integer('core', None, 'Internal: the core a worker runs on.')
+  flags.DEFINE_list('cores', [], 'Internal: the cores a worker runs on.')
 
 
 if __name__ == '__main__':
