@@ -212,7 +212,9 @@ def test_bad_ladder_flags_get_one_line(tmp_path):
       (['--set', 'model.nosuch=1'], 'not a config field'),
       (['--lr_table', str(tmp_path / 'nosuch.json')], 'nosuch.json: no such file'),
       (['--lr_table', str(bad_table)], 'is not a {method: lr} JSON object'),
-      (['--cores_per_job', '3'], '--cores_per_job=3 must divide the batch'),
+      (['--cores_per_job', '3'], '--cores_per_job=3 must divide the batch of 16'),
+      (['--cores_per_job', '4', '--set', 'data.batch_size=6'], 'must divide the batch of 6'),
+      (['--cores_per_job', '0'], '--cores_per_job=0 must be at least 1'),
   ]
   # Side by side: each command is all start-up (importing jax), and those overlap.
   procs = [

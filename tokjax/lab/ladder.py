@@ -327,6 +327,7 @@ def execute(
     while running or (todo and stopping['signal'] is None):
       while todo and free and stopping['signal'] is None:
         run, group = todo.pop(0), free.pop(0)
+        names = ','.join(map(str, group))
         d = os.path.join(out_dir, 'runs', run.name)
         os.makedirs(d, exist_ok=True)
         write_spec(d, run, scoring)
@@ -335,11 +336,7 @@ def execute(
         # The worker pins itself (no Python between fork and exec: this process runs JAX), in a
         # session of its own so that a Ctrl-C reaches it only through stop() below.
         p = subprocess.Popen(
-            [
-                sys.executable,
-                *('-m', 'tokjax.lab.ladder', '--worker', d),
-                '--cores=' + ','.join(map(str, group)),
-            ],
+            [sys.executable, '-m', 'tokjax.lab.ladder', '--worker', d, f'--cores={names}'],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -347,7 +344,7 @@ def execute(
         )
         log.close()
         running[p] = (run, group, time.time())
-        print(f'[ladder] start {run.name} on core {",".join(map(str, group))}', flush=True)
+        print(f'[ladder] start {run.name} on core {names}', flush=True)
       time.sleep(1.0)
       for p in [p for p in running if p.poll() is not None]:
         run, group, t0 = running.pop(p)
@@ -803,13 +800,10 @@ def main(argv):
     raise UserError('--budgets must be positive numbers of training bytes, e.g. --budgets 1e6,4e6.')
   if f.jobs < 1:
     raise UserError(f'--jobs={f.jobs} must be at least 1.')
+  if f.cores_per_job < 1:
+    raise UserError(f'--cores_per_job={f.cores_per_job} must be at least 1.')
   base = common.compare_config('policy', f.corpus, tiny=f.tiny)
   batch_size = base.data.batch_size
-  if f.cores_per_job < 1 or batch_size % f.cores_per_job:
-    raise UserError(
-        f'--cores_per_job={f.cores_per_job} must divide the batch of {batch_size} sequences '
-        '(each core takes an equal share), e.g. 1, 2 or 4.'
-    )
   lrs = {m: lrs_grid or [base.optim.lr] for m in f.methods}
   if f.lr_table:
     lrs.update({m: [lr] for m, lr in read_lr_table(f.lr_table).items() if m in f.methods})
@@ -824,7 +818,13 @@ def main(argv):
   runs = plan(f.corpus, budgets, f.methods, seeds, seq_lens, lrs, overrides, f.tiny)
   scoring = Scoring(f.unit_bytes, tuple(f.cross))
   for run in {dataclasses.replace(r, seed=0, budget=1e6) for r in runs}:
-    build_config(run)  # Bad overrides stop here with one line, before any run starts.
+    c = build_config(run)  # Bad overrides stop here with one line, before any run starts.
+    for batch in (c.data.batch_size, c.eval.batch_size):
+      if batch % f.cores_per_job:
+        raise UserError(
+            f'--cores_per_job={f.cores_per_job} must divide the batch of {batch} sequences '
+            '(each core takes an equal share), e.g. 1, 2 or 4.'
+        )
   os.makedirs(os.path.join(f.out, 'runs'), exist_ok=True)
   os.environ.setdefault(
       'JAX_COMPILATION_CACHE_DIR', os.path.expanduser('~/.cache/tokjax/xla-ladder')
