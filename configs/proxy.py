@@ -34,7 +34,9 @@ several seeds (`--seeds 0,1,2`) before trusting a difference of this size. The s
 1.6e7 bytes (H-Net +0.019 +- 0.002, uniform +0.035 +- 0.002, BPE-guided -0.038 +- 0.003). The gap
 to BPE-guided shrinks with the budget, by about 0.01 bpb per 4x (-0.019 +- 0.003 at 6.4e7); a
 straight line in log budget through the four rungs reaches zero at about 1.3e9 bytes, an
-extrapolation.
+extrapolation. On Python source (`--config.data.corpus=stdlib`) the 4e6-byte runs order the same
+way (H-Net +0.058 +- 0.003, uniform +0.049 +- 0.003, BPE-guided -0.048 +- 0.003; test bpb of the
+policy 1.895; results/ladder/stdlib/rung_4e6.md).
 
 Variants: every boundary method of the registry (tokjax/models/registry.py), as in
 configs/compare.py.
