@@ -22,7 +22,9 @@ def row(d):
   )
 
 
-print('| run | step | val bpb +- s.e. | ws recall sampled / greedy | word-end recall sampled / greedy | train ws recall at 100 / 200 / 300 |')
+print(
+    '| run | step | val bpb +- s.e. | ws recall sampled / greedy | word-end recall sampled / greedy | train ws recall at 100 / 200 / 300 |'
+)
 print('|---|---|---|---|---|---|')
 for d in sys.argv[1:]:
   print(row(d))
