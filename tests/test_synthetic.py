@@ -136,6 +136,13 @@ def test_phrase_corpus_has_the_planted_structure():
     if text[-1] in spec.marks:  # A mark whose space the document's end cut off.
       want.add(N_BYTES - 1)
     assert marked.tolist() == sorted(want)
+    # The other side: the space before each phrase's last word (the word end before a phrase end).
+    before = np.flatnonzero(multistage.before_phrase_end(text[None])[0])
+    ends = doc.word_ends.tolist()
+    want = {ends[i - 1] for i, e in enumerate(ends) if e in set(doc.phrase_ends.tolist())}
+    if text[-1] in spec.marks:  # The last phrase's space cut off: its last word still counts.
+      want.add(ends[-1])
+    assert before.tolist() == sorted(want) and len(want) >= len(doc.phrase_ends)
     # Each block is copied right after itself, at least min_distance bytes later, and those bytes
     # alone are marked copied.
     assert doc.copies and doc.copied.sum() == sum(n for _, _, n in doc.copies)
@@ -171,6 +178,12 @@ def test_phrase_config_applies_the_files_and_the_commands_overrides():
   assert tuple(c.stages.lambda_rl) == (0.0,) and tuple(c.stages.gamma) == (0.5,)
   assert c.data.corpus == 'corpus' and c.model.stages == 2
   assert tuple(synthetic.phrase_config('uniform', '', 4, 2, 0).stages.method) == ('uniform',)
+  # --words: stage 0 is the whitespace rule, stage 1 still each run's own.
+  given = synthetic.phrase_config('learned', '', 4, 2, 0, words=True)
+  assert given.boundary.method == 'whitespace' and tuple(given.stages.method) == ('policy',)
+  assert synthetic.phrase_config('learned', '', 4, 2, 0).boundary.method == 'policy'
+  with pytest.raises(synthetic.UserError):
+    config_files.load('synthetic_two_stage', 'learned,wrods')
   with pytest.raises(synthetic.UserError):
     synthetic.phrase_config('no_rl', '', 4, 2, 0, {'stages.no_such_field': 1})
 
@@ -192,7 +205,7 @@ def test_phrase_evaluation_writes_its_table(tiny_two_stage_run, tmp_path):
       counts=True,
   )['greedy']['counts']
   for s in (0, 1):
-    for name in ('free', 'phrase_free'):
+    for name in ('free', 'phrase_free', 'before_free'):
       assert ev['final_cols']['greedy'][f'L{s}_{name}_hits'].sum() == whole[s][name].hits
   last = ev['curve'][-1]
   assert last['step'] == ckpt.step and last['sample']['documents'] == 3
@@ -207,7 +220,15 @@ def test_phrase_evaluation_writes_its_table(tiny_two_stage_run, tmp_path):
   runs = {'learned': {'wall_s': 1.0, 'overrides': {}, 'curve': ev['curve'], 'stage1_probs': probs}}
   cols = {'learned': ev['final_cols'], 'uniform': ev['final_cols']}
   comparisons = synthetic.phrase_comparisons(cols)
-  assert [c['diff'] for c in comparisons if c['mode'] == 'sample'] == [0.0]  # A run against itself.
+  # A run against itself, on each side of the phrase end.
+  assert [(c['side'], c['diff']) for c in comparisons if c['mode'] == 'sample'] == [
+      ('phrase', 0.0),
+      ('before', 0.0),
+  ]
+  assert m['before_precision0'] == pytest.approx(
+      ev['final_cols']['sample']['L0_before_free_hits'].sum()
+      / ev['final_cols']['sample']['L0_free_hits'].sum()
+  )
   synthetic.write_phrase_results(
       str(tmp_path),
       {

@@ -14,17 +14,20 @@ import ml_collections
 from tokjax.errors import UserError
 
 
-def parse_variant(arg, variants, default: str) -> tuple[str, set[str]]:
+def parse_variant(arg, variants, default: str, known=('tiny',)) -> tuple[str, set[str]]:
   """'NAME' or 'NAME,tiny' (the text after ':' in --config FILE:ARG) -> (NAME, {'tiny'}).
 
-  variants: the names the file offers; default: the name when arg is None or empty.
+  variants: the names the file offers; default: the name when arg is None or empty; known: the
+  options the file offers after the name.
   """
   name, *options = (arg or default).split(',')
   if name not in variants:
     raise UserError(f'unknown config variant {name!r}; use one of {",".join(variants)}.')
-  unknown = set(options) - {'tiny'}
+  unknown = set(options) - set(known)
   if unknown:
-    raise UserError(f'unknown config option(s) {sorted(unknown)} after {name!r}; use "tiny".')
+    raise UserError(
+        f'unknown config option(s) {sorted(unknown)} after {name!r}; use some of {",".join(known)}.'
+    )
   return name, set(options)
 
 

@@ -121,6 +121,21 @@ def phrase_end(tokens, positions=None):
   )
 
 
+def before_phrase_end(tokens, positions=None):
+  """bool[B, L]: the whitespace byte right before a phrase's last word (the next word is closed by
+  one of PHRASE_END). A chunk that ends here closes a phrase one word early: its next chunk is the
+  phrase's last word, which the phrase so far may already determine."""
+  del positions
+  tokens = np.asarray(tokens)
+  ws, mark = boundary_stats.whitespace(tokens), np.isin(tokens, PHRASE_END)
+  out = np.zeros(tokens.shape, bool)
+  next_is_mark = np.zeros(tokens.shape[0], bool)  # The first delimiter after t is a mark.
+  for t in range(tokens.shape[1] - 1, -1, -1):
+    out[:, t] = ws[:, t] & next_is_mark
+    next_is_mark = np.where(ws[:, t] | mark[:, t], mark[:, t], next_is_mark)
+  return out
+
+
 REFERENCES = {'phrase': phrase_end}  # Scored at every level besides the builtin whitespace, line.
 
 

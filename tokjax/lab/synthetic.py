@@ -41,7 +41,10 @@ RUN:path=VALUE` overrides a config field of one run. Every checkpoint is scored 
 Evaluator on fresh held-out documents, one document at a time, against multistage's phrase
 reference (`PHRASE_REFERENCES`): the share of stage-1 chunk ends at phrase ends, against its chance
 level (the share of the run's own stage-0 chunk ends there), each with its standard error over
-documents, and the learned run's difference to each control paired over the same documents.
+documents, and the learned run's difference to each control paired over the same documents; the
+same one word before phrase ends (`PHRASE_SIDES`: a chunk can close a phrase on either side, as a
+stage-0 chunk can close a word on either side of its space). `--words` makes stage 0 the whitespace
+rule in every run, so that the runs differ in stage 1 alone and stage 1's chance level is the same.
 Writes OUT/results.{md,json} and OUT/curves.png.
 """
 
@@ -106,6 +109,12 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
       '(default runs/synthetic, for phrases runs/synthetic_phrases).',
   )
   _TINY = flags.DEFINE_bool('tiny', False, 'phrases: tiny models (smoke tests).')
+  _WORDS = flags.DEFINE_bool(
+      'words',
+      False,
+      'phrases: stage 0 is the whitespace rule in every run (the words given), so the runs differ '
+      'in stage 1 alone (configs/synthetic_two_stage.py, option words).',
+  )
   _SET = flags.DEFINE_multi_string(
       'set',
       [],
@@ -520,13 +529,19 @@ def _both(a, b):
 
 # Scored at every level through the Evaluator: a chunk end's hits on 'free' count the chunk ends at
 # unforced positions, on 'phrase_free' those of them at phrase ends (multistage's reference: the mark
-# or the space after it), on 'word_free' those at spaces.
+# or the space after it), on 'before_free' those one word before a phrase end (the space before its
+# last word), on 'word_free' those at spaces.
 PHRASE_REFERENCES = {
     'phrase': multistage.phrase_end,
     'free': interior,
     'phrase_free': _both(multistage.phrase_end, interior),
+    'before_free': _both(multistage.before_phrase_end, interior),
     'word_free': _both(boundary_stats.whitespace, interior),
 }
+# Where a stage-1 chunk can close a phrase: at its end (the mark or the space after it), or one word
+# early, before its last word. Like stage 0's two sides of a word ('word |next' or 'word| next'), both
+# carry the phrase's span; the experiment reports each against its own chance level.
+PHRASE_SIDES = {'phrase': 'phrase_free', 'before': 'before_free'}
 PHRASE_MODES = ('greedy', 'sample')
 
 
@@ -547,13 +562,22 @@ def parse_overrides(entries) -> dict[str, dict]:
 
 
 def phrase_config(
-    name: str, corpus: str, steps: int, eval_every: int, seed: int, overrides=None, tiny=False
+    name: str,
+    corpus: str,
+    steps: int,
+    eval_every: int,
+    seed: int,
+    overrides=None,
+    tiny=False,
+    words=False,
 ):
-  """configs/synthetic_two_stage.py:NAME[,tiny] with the command's corpus, seed and schedule, and
-  the command's extra overrides of that run ({'path.to.field': value}) on top of the file's."""
+  """configs/synthetic_two_stage.py:NAME[,tiny][,words] with the command's corpus, seed and
+  schedule, and the command's extra overrides of that run ({'path.to.field': value}) on top of the
+  file's."""
   if name not in phrase_run_names():
     raise UserError(f'unknown run {name!r}; use some of {",".join(phrase_run_names())}.')
-  c = config_files.load('synthetic_two_stage', f'{name},tiny' if tiny else name)
+  options = [o for o, on in (('tiny', tiny), ('words', words)) if on]
+  c = config_files.load('synthetic_two_stage', ','.join([name, *options]))
   try:
     config_files.set_fields(c, overrides or {})
   except (KeyError, AttributeError, TypeError) as e:
@@ -621,7 +645,8 @@ def phrase_summary(cols: dict) -> dict:
   """The table's numbers of one run and mode from its `per_document_counts` columns: bpb; stage-0
   rate, word precision / recall and phrase precision (the chance level of stage 1); stage-1 rate
   (per stage-0 chunk), phrase precision and recall, and its lift over chance (paired over
-  documents); each share with its standard error over documents. Unforced positions only."""
+  documents); the same precisions and lift one word before phrase ends ('before_*'); each share
+  with its standard error over documents. Unforced positions only."""
   free0, free1 = cols['L0_free_hits'], cols['L1_free_hits']
   bpb, bpb_se = evaluation.ratio_and_se(cols['ce'], cols['bytes'])
   m = {'bpb': bpb, 'bpb_se': bpb_se, 'documents': len(free0)}
@@ -633,10 +658,15 @@ def phrase_summary(cols: dict) -> dict:
       'rate1': (free1, free0),
       'phrase_precision1': (cols['L1_phrase_free_hits'], free1),
       'phrase_recall1': (cols['L1_phrase_free_hits'], cols['L1_phrase_free_refs']),
+      'before_precision0': (cols['L0_before_free_hits'], free0),
+      'before_precision1': (cols['L1_before_free_hits'], free1),
   }.items():
     m[key], m[key + '_se'] = share_and_se(num, den)
   m['lift'], m['lift_se'] = paired_share_difference(
       cols['L1_phrase_free_hits'], free1, cols['L0_phrase_free_hits'], free0
+  )
+  m['before_lift'], m['before_lift_se'] = paired_share_difference(
+      cols['L1_before_free_hits'], free1, cols['L0_before_free_hits'], free0
   )
   return m
 
@@ -689,17 +719,19 @@ def evaluate_phrase_run(workdir: str, texts, key, every_checkpoint: bool = True)
 
 
 def phrase_comparisons(cols: dict, method: str = 'learned') -> list[dict]:
-  """Stage-1 phrase precision of `method` minus each other run's, per mode, paired over the same
-  held-out documents (each run's boundaries drawn on its own)."""
+  """Stage-1 precision of `method` minus each other run's, per side of the phrase end
+  (`PHRASE_SIDES`) and mode, paired over the same held-out documents (each run's boundaries drawn
+  on its own)."""
   rows = []
-  for other in [r for r in cols if r != method]:
-    for mode in PHRASE_MODES:
-      a, b = cols[method][mode], cols[other][mode]
-      diff, se = paired_share_difference(
-          a['L1_phrase_free_hits'], a['L1_free_hits'], b['L1_phrase_free_hits'], b['L1_free_hits']
-      )
-      z = diff / se if se > 0 else math.nan  # NaN se (a side without ends) stays NaN.
-      rows.append({'vs': other, 'mode': mode, 'diff': diff, 'se': se, 'z': z})
+  for side, ref in PHRASE_SIDES.items():
+    for other in [r for r in cols if r != method]:
+      for mode in PHRASE_MODES:
+        a, b = cols[method][mode], cols[other][mode]
+        diff, se = paired_share_difference(
+            a[f'L1_{ref}_hits'], a['L1_free_hits'], b[f'L1_{ref}_hits'], b['L1_free_hits']
+        )
+        z = diff / se if se > 0 else math.nan  # NaN se (a side without ends) stays NaN.
+        rows.append({'side': side, 'vs': other, 'mode': mode, 'diff': diff, 'se': se, 'z': z})
   return rows
 
 
@@ -721,14 +753,17 @@ def write_phrase_results(out: str, meta: dict, runs: dict, comparisons: list[dic
       'first and last position of a row always end a chunk at every level). prec1: share of stage-1 '
       'chunk ends at a phrase end (the mark or the space after it, `multistage.phrase_end`); chance: '
       "the same share of the run's own stage-0 chunk ends (a stage-1 chunk can end only where a "
-      'stage-0 chunk ends); lift = prec1 - chance, paired over documents. rate1: stage-1 ends per '
+      'stage-0 chunk ends); lift = prec1 - chance, paired over documents. before: the same one word '
+      "before a phrase end (at the space before the phrase's last word, "
+      '`multistage.before_phrase_end`), the other side a chunk can close a phrase on. '
+      'rate1: stage-1 ends per '
       'stage-0 chunk. word prec0 / rec0: stage-0 ends at spaces / spaces ending a stage-0 chunk. '
       'greedy: p > 1/2; sample: drawn as in training (and in bpb).',
       '',
   ]
   head = (
       'run | mode | bpb +- s.e. | rate0 | word prec0 | word rec0 | rate1 | chance +- s.e. | '
-      'prec1 +- s.e. | lift +- s.e. | phrase rec1'
+      'prec1 +- s.e. | lift +- s.e. | phrase rec1 | before: chance | prec1 | lift +- s.e.'
   )
   body = []
   for name, r in runs.items():
@@ -739,7 +774,9 @@ def write_phrase_results(out: str, meta: dict, runs: dict, comparisons: list[dic
           f'{f(m["word_precision0"], 3)} | {f(m["word_recall0"], 3)} | {f(m["rate1"], 3)} | '
           f'{f(m["phrase_precision0"], 3)} +- {f(m["phrase_precision0_se"], 3)} | '
           f'{f(m["phrase_precision1"], 3)} +- {f(m["phrase_precision1_se"], 3)} | '
-          f'{f(m["lift"], 3)} +- {f(m["lift_se"], 3)} | {f(m["phrase_recall1"], 3)}'
+          f'{f(m["lift"], 3)} +- {f(m["lift_se"], 3)} | {f(m["phrase_recall1"], 3)} | '
+          f'{f(m["before_precision0"], 3)} | {f(m["before_precision1"], 3)} | '
+          f'{f(m["before_lift"], 3)} +- {f(m["before_lift_se"], 3)}'
       )
   lines += ['## At the last step', '', *common.table(head, body), '']
   lines += [
@@ -762,12 +799,15 @@ def write_phrase_results(out: str, meta: dict, runs: dict, comparisons: list[dic
   ]
   if comparisons:
     lines += [
-        '## Stage-1 phrase precision, learned minus each control (paired over documents)',
+        '## Stage-1 precision, learned minus each control (paired over documents)',
+        '',
+        'side: at phrase ends (prec1) or one word before them (before prec1).',
         '',
         *common.table(
-            'control | mode | difference +- s.e. | difference / s.e.',
+            'side | control | mode | difference +- s.e. | difference / s.e.',
             (
-                f'{c["vs"]} | {c["mode"]} | {f(c["diff"], 3)} +- {f(c["se"], 3)} | {c["z"]:.1f}'
+                f'{c["side"]} | {c["vs"]} | {c["mode"]} | {f(c["diff"], 3)} +- {f(c["se"], 3)} | '
+                f'{c["z"]:.1f}'
                 for c in comparisons
             ),
         ),
@@ -818,6 +858,7 @@ def phrase_experiment(
     overrides=None,
     spec: PhraseSpec = PhraseSpec(),
     tiny: bool = False,
+    words: bool = False,
 ) -> dict:
   """Trains each run (a variant of configs/synthetic_two_stage.py, with `overrides[run]` on top) on
   the two-level corpus, reusing a finished run (its WORKDIR/RUN/result.json), evaluates every
@@ -829,7 +870,9 @@ def phrase_experiment(
     raise UserError(f'--set names run(s) {unknown} that --runs does not train.')
   if steps < eval_every or steps % eval_every:
     raise UserError(f'--steps={steps} must be a positive multiple of --eval_every={eval_every}.')
-  configs = {r: phrase_config(r, '', steps, eval_every, seed, overrides.get(r), tiny) for r in runs}
+  configs = {
+      r: phrase_config(r, '', steps, eval_every, seed, overrides.get(r), tiny, words) for r in runs
+  }
   n = next(iter(configs.values())).data.seq_len - 1
   window = int(next(iter(configs.values())).stages.window[0])
   if spec.min_distance <= window:
@@ -864,6 +907,7 @@ def phrase_experiment(
       'eval_docs': eval_docs,
       'seed': seed,
       'tiny': tiny,
+      'words': words,
   }
   comparisons = phrase_comparisons(cols) if 'learned' in cols and len(cols) > 1 else []
   write_phrase_results(out, meta, results, comparisons)
@@ -888,6 +932,7 @@ def main(argv):
         command,
         parse_overrides(_SET.value),
         tiny=_TINY.value,
+        words=_WORDS.value,
     )
     print(f'wrote {out}/results.md, results.json, curves.png')
     return
