@@ -523,7 +523,9 @@ def interior(tokens, positions=None):
   return m
 
 
-def _both(a, b):
+def both(a, b):
+  """The reference that marks a byte where references a and b both do (e.g. `both(ref, interior)`:
+  ref at unforced positions only)."""
   return lambda tokens, positions=None: a(tokens, positions) & b(tokens, positions)
 
 
@@ -534,9 +536,9 @@ def _both(a, b):
 PHRASE_REFERENCES = {
     'phrase': multistage.phrase_end,
     'free': interior,
-    'phrase_free': _both(multistage.phrase_end, interior),
-    'before_free': _both(multistage.before_phrase_end, interior),
-    'word_free': _both(boundary_stats.whitespace, interior),
+    'phrase_free': both(multistage.phrase_end, interior),
+    'before_free': both(multistage.before_phrase_end, interior),
+    'word_free': both(boundary_stats.whitespace, interior),
 }
 # Where a stage-1 chunk can close a phrase: at its end (the mark or the space after it), or one word
 # early, before its last word. Like stage 0's two sides of a word ('word |next' or 'word| next'), both

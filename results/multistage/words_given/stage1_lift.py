@@ -19,15 +19,10 @@ from tokjax import boundary_stats, checkpointing
 from tokjax.data import pipeline
 from tokjax.lab import synthetic
 
-
-def unforced(reference):
-  return lambda tokens, positions=None: reference(tokens) & synthetic.interior(tokens)
-
-
 REFERENCES = {
     'free': synthetic.interior,
-    'ws_free': unforced(boundary_stats.whitespace),
-    'line_free': unforced(boundary_stats.line_end),
+    'ws_free': synthetic.both(boundary_stats.whitespace, synthetic.interior),
+    'line_free': synthetic.both(boundary_stats.line_end, synthetic.interior),
 }
 
 
