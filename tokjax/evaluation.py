@@ -89,6 +89,15 @@ def unit_ids(docs, unit_bytes: int = 0) -> tuple[np.ndarray, int]:
   return (np.repeat(first, lengths) + offset // unit_bytes).astype(np.int32), int(per_doc.sum())
 
 
+def unit_documents(docs, unit_bytes: int = 0) -> np.ndarray:
+  """int32[U]: the document of each unit of `unit_ids(docs, unit_bytes)`, to sum units into
+  documents (a unit never spans two)."""
+  if not unit_bytes:
+    return np.arange(len(docs), dtype=np.int32)
+  per_doc = -(-np.array([len(d) + 1 for d in docs], np.int64) // unit_bytes)
+  return np.repeat(np.arange(len(docs), dtype=np.int32), per_doc)
+
+
 def paired_difference(ce_a, ce_b, nbytes) -> dict:
   """Model a minus model b in bits-per-byte on the same units, with its paired standard error.
 

@@ -88,6 +88,10 @@ def train_or_load(name: str, config, out_dir: str) -> dict:
   """Trains config in OUT/NAME (console to OUT/NAME/train.log) and writes OUT/NAME/result.json;
   when that file exists already, returns it and trains nothing.
 
+  A run that was stopped before its result.json (Ctrl-C, SIGTERM, a killed session) resumes from its
+  last checkpoint, exactly (the trainer restores the data iterator and RNG), when the config saved
+  with that checkpoint is the one asked for; with another config it starts again from scratch.
+
   The result: name ('method'), median training bytes/s, wall seconds, the trainer's final val bpb
   (sampled and greedy boundaries) and the log's path. Evaluations added later go in the same file
   (`save_result`).
@@ -97,25 +101,36 @@ def train_or_load(name: str, config, out_dir: str) -> dict:
   if os.path.exists(result_path):
     with open(result_path) as f:
       return json.load(f)
-  if os.path.isdir(workdir):
-    shutil.rmtree(workdir)  # An unfinished earlier run of this command.
-  os.makedirs(workdir)
   config.train.workdir = workdir
+  resume = _resumable(workdir, config)
+  if not resume and os.path.isdir(workdir):
+    shutil.rmtree(workdir)  # An unfinished earlier run of another config.
+  os.makedirs(workdir, exist_ok=True)
   log = os.path.join(workdir, 'train.log')
   t0 = time.time()
-  with open(log, 'w') as f, contextlib.redirect_stdout(f):
-    val = train_lib.train(config)
+  with open(log, 'a' if resume else 'w') as f, contextlib.redirect_stdout(f):
+    val = train_lib.train(config, resume=resume)
   wall = time.time() - t0
   result = {
       'method': name,
       'train_bytes_per_s': median_bytes_per_s(read_metrics(os.path.join(workdir, 'metrics.jsonl'))),
-      'wall_s': wall,
+      'wall_s': wall,  # Of the last session only, when the run was resumed.
+      'resumed': resume,
       'final_val_sample_bpb': val.get('bpb'),
       'greedy_val_bpb': val.get('greedy_bpb'),
       'log': log,
   }
   save_result(out_dir, name, result)  # Before any evaluation: a failed one does not retrain.
   return result
+
+
+def _resumable(workdir: str, config) -> bool:
+  """Whether workdir holds a checkpoint of this very config (what train_or_load resumes)."""
+  if finished_step(workdir) is None:
+    return False
+  saved, _, _ = checkpointing.load_config(workdir)
+  as_json = lambda c: json.loads(c.to_json_best_effort(sort_keys=True))
+  return as_json(saved) == as_json(config)
 
 
 def save_result(out_dir: str, name: str, result: dict) -> None:
@@ -148,15 +163,19 @@ def paragraph(docs, length: int) -> bytes:
 
 
 def evaluate_splits(
-    workdir: str, result: dict, splits, key, eval_cap, passage, references=None
+    workdir: str, result: dict, splits, key, eval_cap, passage, references=None, unit_bytes=None
 ) -> dict:
   """Adds to result the run's per-document val/test numbers (split i with fold_in(key, i); with
-  `references`, see evaluate_documents), its parameter count and, for a chunking model, stage 0's
-  greedy boundaries on the passage."""
+  `references` and unit_bytes, see evaluate_documents), its parameter count and, for a chunking
+  model, stage 0's greedy boundaries on the passage."""
   ckpt = checkpointing.load_checkpoint(workdir)
   for i, split in enumerate(('val', 'test')):
     result[split] = evaluate_documents(
-        ckpt, capped(splits[split], *eval_cap), jax.random.fold_in(key, i), references=references
+        ckpt,
+        capped(splits[split], *eval_cap),
+        jax.random.fold_in(key, i),
+        unit_bytes=unit_bytes,
+        references=references,
     )
   if ckpt.model.num_stages:
     shown, actions, probs = segmentation.boundaries_for(

@@ -16,9 +16,11 @@ error over documents, `tokjax.evaluation`, boundaries sampled as in training) an
 boundaries on test (`level_summary` of the same evaluation's counts). OUT gets:
   README.md      the tables, the command, and one held-out passage per run with '|' after every
                  stage-0 chunk and '||' where a stage-1 chunk ends too (greedy boundaries)
-  results.json   everything in the tables, per run
+  results.json   everything in the tables, per run, and the paired differences
 """
 
+import functools
+import math
 import os
 import sys
 
@@ -54,6 +56,7 @@ PHRASE_END = tuple(b'.,;:!?')  # A phrase ends on one of these, or on whitespace
 # training and the bits-per-byte draw them: a policy still unsure of its boundaries (p < 1/2
 # everywhere) shows none greedily.
 PASSAGE_MODES = ('greedy', 'sample')
+CHECKPOINT_EVERY = 200  # Steps; a stopped run resumes from its last checkpoint.
 
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
@@ -75,10 +78,19 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   )
   _EVALS = flags.DEFINE_integer('evals', 1, 'Val evaluations during training.')
   _SEED = flags.DEFINE_integer('seed', 0, 'Seed of every run.')
+  _SEQ_LEN = flags.DEFINE_integer(
+      'seq_len', 0, "Bytes per sequence of every run (0: the configs', 256)."
+  )
+  _UNIT_BYTES = flags.DEFINE_integer(
+      'unit_bytes', 2048, 'Paired differences are also taken over windows of this many bytes.'
+  )
 
 
-def run_config(run: str, corpus: str, tiny: bool = False, seed: int = 0, batch: int = 0):
-  """The config of `run` (a key of RUNS) with the command's corpus, seed and batch (0: keep)."""
+def run_config(
+    run: str, corpus: str, tiny: bool = False, seed: int = 0, batch: int = 0, seq_len: int = 0
+):
+  """The config of `run` (a key of RUNS) with the command's corpus, seed, batch and seq_len (0:
+  keep). Every chunk buffer grows with seq_len, so that it holds the same share of the sequence."""
   file, variant, _ = RUNS[run]
   if variant is None:
     c = config_files.load(file)
@@ -90,6 +102,11 @@ def run_config(run: str, corpus: str, tiny: bool = False, seed: int = 0, batch: 
   c.seed = seed
   if batch:
     c.data.batch_size = batch
+  if seq_len:
+    grow = lambda capacity: int(math.ceil(capacity * seq_len / c.data.seq_len))
+    c.model.capacity = grow(c.model.capacity)
+    c.stages.capacity = tuple(grow(x) for x in c.stages.capacity)
+    c.data.seq_len = seq_len
   return c
 
 
@@ -143,8 +160,8 @@ def level_summary(levels) -> list[dict]:
   """Per level s, from the Evaluator's counts ({reference: `boundary_stats.Counts`} per level):
   rate (boundaries per input position of stage s: per byte at s = 0, per stage-(s-1) chunk above),
   bytes_per_chunk, and the precision (fraction of its chunk ends that sit there) and recall
-  (fraction of those bytes that end a level-s chunk) of whitespace, line ends ('\\n') and phrase
-  ends (`phrase_end`), with each reference's share of bytes (`*_base`, the precision of boundaries
+  (fraction of those bytes that end a level-s chunk) of whitespace, word ends (a word's last byte
+  before whitespace: the other side of the space), line ends ('\\n') and phrase ends (`phrase_end`), with each reference's share of bytes (`*_base`, the precision of boundaries
   placed at random) and the number of boundaries."""
   ws = [c['whitespace'] for c in levels]
   rates = boundary_stats.level_rates([c.ends for c in ws], ws[0].valid)
@@ -156,11 +173,16 @@ def level_summary(levels) -> list[dict]:
         # Bytes over boundaries (not 1 / rate): results.json keeps its earlier numbers bit for bit.
         'bytes_per_chunk': float(c['whitespace'].valid / ends) if ends else float('inf'),
     }
-    for name in ('whitespace', 'line', 'phrase'):
+    for name in ('whitespace', 'word_end', 'line', 'phrase'):
       m.update(
           {f'{name}_precision': float(c[name].precision), f'{name}_recall': float(c[name].recall)}
       )
-    m.update({f'{name}_base': float(c[name].base) for name in ('whitespace', 'line', 'phrase')})
+    m.update(
+        {
+            f'{name}_base': float(c[name].base)
+            for name in ('whitespace', 'word_end', 'line', 'phrase')
+        }
+    )
     m['boundaries'] = int(ends)
     out.append(m)
   return out
@@ -178,12 +200,13 @@ def passage_levels(ckpt, text: bytes, key, modes=PASSAGE_MODES) -> tuple[bytes, 
   return drawn[modes[0]][0], {m: actions for m, (_, actions, _) in drawn.items()}
 
 
-def run_one(run, config, out_dir, splits, key, eval_cap, passage) -> dict:
+def run_one(run, config, out_dir, splits, key, eval_cap, passage, unit_bytes) -> dict:
   """Trains (unless OUT/RUN/result.json exists) and evaluates one run -> its result dict."""
   workdir = os.path.join(out_dir, run)
   r = common.train_or_load(run, config, out_dir)
-  if 'levels' not in r:
-    r = common.evaluate_splits(workdir, r, splits, key, eval_cap, passage, REFERENCES)
+  if 'levels' not in r or r.get('unit_bytes') != unit_bytes:
+    r = common.evaluate_splits(workdir, r, splits, key, eval_cap, passage, REFERENCES, unit_bytes)
+    r['unit_bytes'] = unit_bytes
     # The per-level statistics come from the same pass as the test bits-per-byte.
     r['levels'] = level_summary(r['test'].pop('counts'))
     r['val'].pop('counts')
@@ -201,7 +224,36 @@ def fmt(x, digits=3):
   return common.fmt(x, digits)
 
 
-def write_outputs(out_dir, results, meta) -> None:
+def paired_rows(results, docs_by_split, unit_bytes, base=BASE) -> list[dict]:
+  """Each run minus `base` in bits-per-byte on the same val/test bytes, paired per document and per
+  window of unit_bytes bytes (`evaluation.paired_difference`): one dict per (run, split, unit)."""
+  by = {r['run']: r for r in results}
+  if base not in by:
+    return []
+  rows = []
+  for r in results:
+    if r['run'] == base:
+      continue
+    for split, docs in docs_by_split.items():
+      a, b = r[split], by[base][split]
+      per_doc = functools.partial(
+          np.bincount, evaluation.unit_documents(docs, unit_bytes), minlength=len(docs)
+      )
+      for unit, ce_a, ce_b, nbytes in (
+          (
+              'document',
+              per_doc(weights=a['unit_ce']),
+              per_doc(weights=b['unit_ce']),
+              per_doc(weights=a['unit_bytes']),
+          ),
+          (f'{unit_bytes} B', a['unit_ce'], b['unit_ce'], a['unit_bytes']),
+      ):
+        d = evaluation.paired_difference(ce_a, ce_b, nbytes)
+        rows.append({'run': r['run'], 'base': base, 'split': split, 'unit': unit, **d})
+  return rows
+
+
+def write_outputs(out_dir, results, meta, paired=()) -> None:
   """README.md (the tables and passages) and results.json."""
   first = results[0]
   lines = [
@@ -236,27 +288,46 @@ def write_outputs(out_dir, results, meta) -> None:
       '',
       f'Val/test documents: {first["val"]["documents"]} / {first["test"]["documents"]} '
       f'({first["test"]["bytes"]:,} test bytes). The standard errors are per run; all runs score '
-      'the same documents, so their differences are paired and a difference well inside the '
-      'standard error says little either way.',
+      'the same documents, so their differences are paired (next table).',
+      '',
+      '## Paired differences to the one-stage run',
+      '',
+      f'Run minus {BASE} in bits-per-byte on the same bytes, with the standard error of the paired '
+      'per-unit differences (ratio estimator), per document and per window of '
+      f'{meta["unit_bytes"]} bytes of each document; better: the share of units on which each '
+      'model has the lower cross-entropy. A difference inside two standard errors says little '
+      'either way.',
+      '',
+      *common.table(
+          'run | split | unit | units | run - one_stage (bpb) +- s.e. | run better | one_stage better',
+          (
+              f'{p["run"]} | {p["split"]} | {p["unit"]} | {p["units"]} | {p["diff"]:+.4f} +- '
+              f'{fmt(p["se"], 4)} | {fmt(p["a_better"], 2)} | {fmt(p["b_better"], 2)}'
+              for p in paired
+          ),
+      ),
       '',
       '## Boundaries per level (test, sampled)',
       '',
       'Level 0 ends chunks of bytes, level 1 chunks of level-0 chunks. rate: boundaries per input '
       'position of the level (per byte at level 0, per level-0 chunk at level 1). Precision: share '
-      "of the level's chunk ends on whitespace / at a line end / at a phrase end (one of "
+      "of the level's chunk ends on whitespace / on a word's last byte before whitespace (word end: "
+      'the other side of the space) / at a line end / at a phrase end (one of '
       f'`{bytes(PHRASE_END).decode()}`, or whitespace right after one); recall: share of those bytes '
       'that end a chunk of the level. Chance precision (share of bytes): whitespace '
-      f'{base["whitespace_base"]:.3f}, line end {base["line_base"]:.3f}, phrase end '
+      f'{base["whitespace_base"]:.3f}, word end {base["word_end_base"]:.3f}, line end '
+      f'{base["line_base"]:.3f}, phrase end '
       f'{base["phrase_base"]:.3f} at level 0; at level 1 the level-0 precision of the same run (a '
       'level-1 chunk can only end where a level-0 chunk ends, so that is what picking level-0 ends '
       'at random scores).',
       '',
       *common.table(
-          'run | level | rate | bytes/chunk | ws prec | ws rec | line prec | line rec | phrase prec | '
-          'phrase rec',
+          'run | level | rate | bytes/chunk | ws prec | ws rec | word-end prec | word-end rec | '
+          'line prec | line rec | phrase prec | phrase rec',
           (
               f'{r["run"]} | {s} | {fmt(m["rate"])} | {fmt(m["bytes_per_chunk"], 2)} | '
               f'{fmt(m["whitespace_precision"])} | {fmt(m["whitespace_recall"])} | '
+              f'{fmt(m.get("word_end_precision"))} | {fmt(m.get("word_end_recall"))} | '
               f'{fmt(m["line_precision"])} | {fmt(m["line_recall"])} | '
               f'{fmt(m["phrase_precision"])} | {fmt(m["phrase_recall"])}'
               for r in results
@@ -276,7 +347,8 @@ def write_outputs(out_dir, results, meta) -> None:
     lines += [f'### {r["run"]} ({r["stages"]})', '']
     for mode in PASSAGE_MODES:
       lines += [f'{mode}:', '', '```', r['passage']['rendered_levels'][mode], '```', '']
-  common.write_results(out_dir, {'meta': meta, 'runs': results}, lines, markdown='README.md')
+  data = {'meta': meta, 'runs': results, 'paired': list(paired)}
+  common.write_results(out_dir, data, lines, markdown='README.md')
 
 
 def multistage(
@@ -290,6 +362,8 @@ def multistage(
     batch=0,
     command='',
     seed=0,
+    seq_len=0,
+    unit_bytes=2048,
 ):
   """Runs the comparison; returns the list of per-run result dicts (also written to out_dir)."""
   bad = [r for r in runs if r not in RUNS]
@@ -298,10 +372,15 @@ def multistage(
   if base_steps < 1:
     raise UserError(f'--steps={base_steps} must be a positive number of one-stage steps.')
   os.makedirs(out_dir, exist_ok=True)
-  configs = {r: run_config(r, corpus, tiny, seed, batch) for r in dict.fromkeys((BASE, *runs))}
+  if unit_bytes < 1:
+    raise UserError(f'--unit_bytes={unit_bytes} must be a positive number of bytes.')
+  configs = {
+      r: run_config(r, corpus, tiny, seed, batch, seq_len) for r in dict.fromkeys((BASE, *runs))
+  }
   steps = equal_flops_steps(configs, base_steps)
   for r, c in configs.items():
     common.schedule(c, steps[r], evals)
+    c.train.checkpoint_every = min(steps[r], CHECKPOINT_EVERY)
   base = configs[BASE]
   splits = pipeline.load_splits(base.data, corpus)
   passage = common.paragraph(splits['test'], base.data.seq_len - 1)
@@ -316,7 +395,7 @@ def multistage(
         f'{target_rates(c)} = {planned / 1e12:.4g} TFLOPs',
         flush=True,
     )
-    r = run_one(run, c, out_dir, splits, key, eval_cap, passage)
+    r = run_one(run, c, out_dir, splits, key, eval_cap, passage, unit_bytes)
     rates = tuple(m['rate'] for m in r['levels'])
     r.update(
         run=run,
@@ -343,9 +422,11 @@ def multistage(
       'tiny': tiny,
       'eval_docs': eval_cap[0],
       'eval_doc_bytes': eval_cap[1],
+      'unit_bytes': unit_bytes,
       'jax_devices': [str(d) for d in jax.devices()],
   }
-  write_outputs(out_dir, results, meta)
+  docs = {s: common.capped(splits[s], *eval_cap) for s in ('val', 'test')}
+  write_outputs(out_dir, results, meta, paired_rows(results, docs, unit_bytes))
   return results
 
 
@@ -364,6 +445,8 @@ def main(argv):
       _BATCH.value,
       command,
       _SEED.value,
+      _SEQ_LEN.value,
+      _UNIT_BYTES.value,
   )
   print(f'wrote {_OUT.value}/README.md, results.json')
 
