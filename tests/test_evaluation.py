@@ -87,6 +87,9 @@ def test_unit_ids_cut_each_document_into_fixed_windows():
   same, n = evaluation.unit_ids(docs, 0)
   np.testing.assert_array_equal(same, evaluation.document_ids(docs))
   assert n == 3
+  # And back: the document of each window, to sum windows into documents.
+  np.testing.assert_array_equal(evaluation.unit_documents(docs, 4), [0, 1, 1, 1, 2, 2, 2])
+  np.testing.assert_array_equal(evaluation.unit_documents(docs, 0), [0, 1, 2])
 
 
 def test_paired_difference_against_hand_computed_values():

@@ -36,7 +36,7 @@ def test_multistage_trains_runs_at_equal_flops_and_reports_each_level(tmp_path):
   assert set(runs) < set(multistage.RUNS)
   assert [r['run'] for r in results] == runs
   readme = (out / 'README.md').read_text()
-  table = readme.split('## Boundaries per level')[0]
+  table = readme.split('## Paired differences')[0]
   rows = [line for line in table.splitlines() if line.startswith('| ') and '---' not in line][1:]
   assert [r.split('|')[1].strip() for r in rows] == runs
   data = json.loads((out / 'results.json').read_text())
@@ -66,6 +66,24 @@ def test_multistage_trains_runs_at_equal_flops_and_reports_each_level(tmp_path):
       assert r['levels'][1]['boundaries'] <= r['levels'][0]['boundaries']
   assert '## Boundaries per level' in readme and '| learned | 1 |' in readme
   assert all(f'### {run} (' in readme for run in runs)
+  # Paired to the one-stage run on the same bytes: per document, the difference of the pooled bpb.
+  paired = {(p['split'], p['unit']): p for p in data['paired'] if p['run'] == 'learned'}
+  assert set(paired) == {(s, u) for s in ('val', 'test') for u in ('document', '2048 B')}
+  for split in ('val', 'test'):
+    whole = by['learned'][split]['bpb'] - by['one_stage'][split]['bpb']
+    for unit in ('document', '2048 B'):
+      assert paired[split, unit]['diff'] == pytest.approx(whole, abs=1e-9)
+    assert paired[split, 'document']['units'] == by['learned'][split]['documents']
+  assert '## Paired differences to the one-stage run' in readme
+
+
+def test_seq_len_grows_every_chunk_buffer_with_the_sequence():
+  base = multistage.run_config('learned', 'unused', tiny=True)
+  longer = multistage.run_config('learned', 'unused', tiny=True, seq_len=4 * base.data.seq_len)
+  assert longer.data.seq_len == 4 * base.data.seq_len
+  assert longer.model.capacity == 4 * base.model.capacity
+  assert longer.stages.capacity == tuple(4 * c for c in base.stages.capacity)
+  config_validation.validate(longer)
 
 
 @pytest.mark.parametrize('size', ['147m', '40m'])

@@ -125,12 +125,18 @@ def train_or_load(name: str, config, out_dir: str) -> dict:
 
 
 def _resumable(workdir: str, config) -> bool:
-  """Whether workdir holds a checkpoint of this very config (what train_or_load resumes)."""
+  """Whether workdir holds a checkpoint of this very config, wherever the folder was when it was
+  saved (what train_or_load resumes)."""
   if finished_step(workdir) is None:
     return False
   saved, _, _ = checkpointing.load_config(workdir)
-  as_json = lambda c: json.loads(c.to_json_best_effort(sort_keys=True))
-  return as_json(saved) == as_json(config)
+
+  def run_of(c):
+    c = json.loads(c.to_json_best_effort(sort_keys=True))
+    c['train'].pop('workdir')
+    return c
+
+  return run_of(saved) == run_of(config)
 
 
 def save_result(out_dir: str, name: str, result: dict) -> None:
