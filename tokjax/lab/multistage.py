@@ -1,7 +1,7 @@
 r"""One stage against two stages of boundaries at equal training FLOPs, with statistics per level.
 
-  python -m tokjax.lab.multistage --corpus stdlib --steps 300 --batch 8 \
-      --eval_docs 8 --eval_doc_bytes 6144 --out results/multistage/stdlib
+  python -m tokjax.lab.multistage --corpus shakespeare --steps 3000 --batch 4 --seq_len 1024 \
+      --evals 6 --runs one_stage,learned,hnet --out results/multistage/shakespeare
 
 Runs (`RUNS`): 'one_stage' (configs/default.py: bytes -> chunks, the score-function policy) and the
 two-stage variants of configs/two_stage.py: 'learned' (policy / policy), 'hnet' (H-Net's router at
@@ -13,7 +13,12 @@ beside them. Each run trains with `tokjax.train.train` in OUT/RUN (console in OU
 run whose OUT/RUN/result.json exists is not retrained, and one without its per-level statistics is
 evaluated again), then is evaluated on the val and test documents (bits-per-byte with its standard
 error over documents, `tokjax.evaluation`, boundaries sampled as in training) and per level of
-boundaries on test (`level_summary` of the same evaluation's counts). OUT gets:
+boundaries on test (`level_summary` of the same evaluation's counts). Every run is scored on the same
+bytes with the same boundary key, so each is compared to the one-stage run paired, per document and
+per window of --unit_bytes bytes (`paired_rows`). A run stopped before its result.json (Ctrl-C, a
+killed session) resumes from its last checkpoint when the same command is run again; each run may
+also be started in its own process (`--runs learned`, pinned to its own core), and a last command
+with every run writes the tables from their result.json files. OUT gets:
   README.md      the tables, the command, and one held-out passage per run with '|' after every
                  stage-0 chunk and '||' where a stage-1 chunk ends too (greedy boundaries)
   results.json   everything in the tables, per run, and the paired differences
@@ -267,9 +272,10 @@ def write_outputs(out_dir, results, meta, paired=()) -> None:
       f'{meta["base_steps"]} steps and every other run the steps that give the same training FLOPs '
       '(tokjax.flops.step_flops at the target rates: planned TFLOPs). Realised TFLOPs: the same '
       'count at the rates each run reached on test. Bits-per-byte are pooled over the bytes of the '
-      f'val/test documents, {evaluation.SE_LABEL}, boundaries sampled as in training (first '
-      f'{meta["eval_docs"] or "all"} documents, first {meta["eval_doc_bytes"] or "all"} bytes of '
-      'each). Wall: on the machine and cores the command ran on, shared with other jobs.',
+      f'val/test documents, {evaluation.SE_LABEL}, boundaries sampled as in training ('
+      + (f'first {meta["eval_docs"]} documents' if meta['eval_docs'] else 'all documents')
+      + (f', first {meta["eval_doc_bytes"]} bytes of each' if meta['eval_doc_bytes'] else '')
+      + '). Wall: training, on the machine and cores the command ran on.',
       '',
       *common.table(
           'run | stages | params | steps | planned TFLOPs | realised TFLOPs | val bpb +- s.e. | '
