@@ -35,7 +35,10 @@ Variants (stage 0 / stage 1):
   hnet        H-Net's router at both levels (its published two-stage form)
   whitespace  SpaceByte's rule, then the learned policy over its words
   stride      fixed stride at both levels (5 bytes, then 3 chunks)
-Results at CPU scale, with the commands that made them: results/multistage/.
+Results at CPU scale, with the commands that made them: results/multistage/. At 1024-byte sequences
+and 12M training bytes (`python -m tokjax.lab.multistage --seq_len 1024 ...`, there) stage 1 leaves
+chance in three runs of four, weakly, and the model is 0.016 to 0.035 bpb behind one stage at equal
+training FLOPs.
 """
 
 from tokjax import config_defaults, config_files, presets
