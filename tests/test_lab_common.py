@@ -1,4 +1,5 @@
-"""The lab's shared runner: a stopped run resumes exactly from its checkpoint, another config does not."""
+"""The lab's shared runner: a stopped run resumes exactly from its checkpoint; a stopped run of
+another config starts again."""
 
 import json
 import os

@@ -82,11 +82,17 @@ def unit_ids(docs, unit_bytes: int = 0) -> tuple[np.ndarray, int]:
   """
   if not unit_bytes:
     return document_ids(docs), len(docs)
-  lengths = np.array([len(d) + 1 for d in docs], np.int64)
-  per_doc = -(-lengths // unit_bytes)
+  lengths, per_doc = _units_per_document(docs, unit_bytes)
   first = np.concatenate([[0], np.cumsum(per_doc)[:-1]])
   offset = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
   return (np.repeat(first, lengths) + offset // unit_bytes).astype(np.int32), int(per_doc.sum())
+
+
+def _units_per_document(docs, unit_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+  """(int64[D] stream positions of each document, BOS included; int64[D] its windows of
+  unit_bytes)."""
+  lengths = np.array([len(d) + 1 for d in docs], np.int64)
+  return lengths, -(-lengths // unit_bytes)
 
 
 def unit_documents(docs, unit_bytes: int = 0) -> np.ndarray:
@@ -94,7 +100,7 @@ def unit_documents(docs, unit_bytes: int = 0) -> np.ndarray:
   documents (a unit never spans two)."""
   if not unit_bytes:
     return np.arange(len(docs), dtype=np.int32)
-  per_doc = -(-np.array([len(d) + 1 for d in docs], np.int64) // unit_bytes)
+  _, per_doc = _units_per_document(docs, unit_bytes)
   return np.repeat(np.arange(len(docs), dtype=np.int32), per_doc)
 
 

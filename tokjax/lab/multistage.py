@@ -13,9 +13,9 @@ beside them. Each run trains with `tokjax.train.train` in OUT/RUN (console in OU
 run whose OUT/RUN/result.json exists is not retrained, and one without its per-level statistics is
 evaluated again), then is evaluated on the val and test documents (bits-per-byte with its standard
 error over documents, `tokjax.evaluation`, boundaries sampled as in training) and per level of
-boundaries on test (`level_summary` of the same evaluation's counts). Every run is scored on the same
-bytes with the same boundary key, so each is compared to the one-stage run paired, per document and
-per window of --unit_bytes bytes (`paired_rows`). A run stopped before its result.json (Ctrl-C, a
+boundaries on test (`level_summary` of the same evaluation's counts). Every run is scored on the
+same bytes with the same boundary key, so each is compared to the one-stage run paired, per document
+and per window of --unit_bytes bytes (`paired_rows`). A run stopped before its result.json (Ctrl-C, a
 killed session) resumes from its last checkpoint when the same command is run again; each run may
 also be started in its own process (`--runs learned`, pinned to its own core), and a last command
 with every run writes the tables from their result.json files. OUT gets:
@@ -158,16 +158,19 @@ def before_phrase_end(tokens, positions=None):
   return out
 
 
-REFERENCES = {'phrase': phrase_end}  # Scored at every level besides the builtin whitespace, line.
+REFERENCES = {'phrase': phrase_end}  # Scored at every level besides the builtin ones.
+# The per-level table: whitespace, word ends (a word's last byte before whitespace: the other side
+# of the space), line ends ('\n') and phrase ends (`phrase_end`).
+LEVEL_REFERENCES = ('whitespace', 'word_end', 'line', 'phrase')
 
 
 def level_summary(levels) -> list[dict]:
   """Per level s, from the Evaluator's counts ({reference: `boundary_stats.Counts`} per level):
   rate (boundaries per input position of stage s: per byte at s = 0, per stage-(s-1) chunk above),
   bytes_per_chunk, and the precision (fraction of its chunk ends that sit there) and recall
-  (fraction of those bytes that end a level-s chunk) of whitespace, word ends (a word's last byte
-  before whitespace: the other side of the space), line ends ('\\n') and phrase ends (`phrase_end`), with each reference's share of bytes (`*_base`, the precision of boundaries
-  placed at random) and the number of boundaries."""
+  (fraction of those bytes that end a level-s chunk) of each of `LEVEL_REFERENCES`, with each
+  reference's share of bytes (`*_base`, the precision of boundaries placed at random) and the number
+  of boundaries."""
   ws = [c['whitespace'] for c in levels]
   rates = boundary_stats.level_rates([c.ends for c in ws], ws[0].valid)
   out = []
@@ -178,16 +181,11 @@ def level_summary(levels) -> list[dict]:
         # Bytes over boundaries (not 1 / rate): results.json keeps its earlier numbers bit for bit.
         'bytes_per_chunk': float(c['whitespace'].valid / ends) if ends else float('inf'),
     }
-    for name in ('whitespace', 'word_end', 'line', 'phrase'):
+    for name in LEVEL_REFERENCES:
       m.update(
           {f'{name}_precision': float(c[name].precision), f'{name}_recall': float(c[name].recall)}
       )
-    m.update(
-        {
-            f'{name}_base': float(c[name].base)
-            for name in ('whitespace', 'word_end', 'line', 'phrase')
-        }
-    )
+    m.update({f'{name}_base': float(c[name].base) for name in LEVEL_REFERENCES})
     m['boundaries'] = int(ends)
     out.append(m)
   return out
@@ -333,7 +331,7 @@ def write_outputs(out_dir, results, meta, paired=()) -> None:
           (
               f'{r["run"]} | {s} | {fmt(m["rate"])} | {fmt(m["bytes_per_chunk"], 2)} | '
               f'{fmt(m["whitespace_precision"])} | {fmt(m["whitespace_recall"])} | '
-              f'{fmt(m.get("word_end_precision"))} | {fmt(m.get("word_end_recall"))} | '
+              f'{fmt(m["word_end_precision"])} | {fmt(m["word_end_recall"])} | '
               f'{fmt(m["line_precision"])} | {fmt(m["line_recall"])} | '
               f'{fmt(m["phrase_precision"])} | {fmt(m["phrase_recall"])}'
               for r in results
@@ -377,9 +375,9 @@ def multistage(
     raise UserError(f'unknown run(s) {bad}; --runs takes some of {",".join(RUNS)}.')
   if base_steps < 1:
     raise UserError(f'--steps={base_steps} must be a positive number of one-stage steps.')
-  os.makedirs(out_dir, exist_ok=True)
   if unit_bytes < 1:
     raise UserError(f'--unit_bytes={unit_bytes} must be a positive number of bytes.')
+  os.makedirs(out_dir, exist_ok=True)
   configs = {
       r: run_config(r, corpus, tiny, seed, batch, seq_len) for r in dict.fromkeys((BASE, *runs))
   }
