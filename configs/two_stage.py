@@ -66,12 +66,17 @@ def get_config(arg=None):
   c.stages.update(
       method=(second,),
       target_rate=(0.33,),
-      capacity=(64,),
+      capacity=(256,),
       encoder_layers=(1,),
       decoder_layers=(1,),
   )
+  # The budget at which stage 1 has something to learn (see the module docstring).
+  c.data.update(corpus='shakespeare', seq_len=1024, batch_size=4)
+  c.model.capacity = 512
+  c.train.update(steps=2644, eval_every=500)
   if 'tiny' in options:
     presets.tiny(c)
+    c.data.corpus = 'stdlib_docs'  # A smoke test needs no download.
     c.stages.capacity = (max(2, c.model.capacity // 2),)
   c.stages.window = (c.model.byte_window,)  # In bytes: see the module docstring.
   c.train.workdir = f'runs/two_stage_{name}'
