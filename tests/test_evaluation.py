@@ -168,3 +168,51 @@ def test_evaluator_scores_a_callers_reference_at_every_level_from_its_counts(tin
   assert levels[0]['letter_a'].refs != c0.refs
   with pytest.raises(ValueError, match='bpe'):
     ckpt.evaluator.run(ckpt.params, docs, key, references={'bpe': boundary_stats.whitespace})
+
+
+def test_stage_lift_is_the_precision_gain_over_the_stage_below_at_unforced_positions(
+    tiny_two_stage_run,
+):
+  """stage1_{whitespace,line}_lift, computed per document, pools to the same number as the
+  counts of references restricted to unforced positions (the other counting path)."""
+  from tokjax import checkpointing  # pylint: disable=g-import-not-at-top
+
+  ckpt = checkpointing.load_checkpoint(tiny_two_stage_run[0])
+  docs = [d[:400] for d in pipeline.load_splits(ckpt.config.data)['val'][:3]]
+
+  def unforced(tokens, positions=None):
+    del positions
+    m = np.zeros(np.shape(tokens), bool)
+    m[:, 1:-1] = True
+    return m
+
+  refs = {
+      'free': unforced,
+      'ws_free': lambda t, p: boundary_stats.whitespace(t, p) & unforced(t),
+      'line_free': lambda t, p: boundary_stats.line_end(t, p) & unforced(t),
+  }
+  m = ckpt.evaluator.run(
+      ckpt.params, docs, jax.random.PRNGKey(4), modes=('sample',), references=refs, counts=True
+  )['sample']
+  level0, level1 = m['counts']
+  for name, ref in (('whitespace', 'ws_free'), ('line', 'line_free')):
+    share1, share0 = (level[ref].hits / level['free'].hits for level in (level1, level0))
+    assert m[f'stage1_{name}_lift'] == pytest.approx(share1 - share0, abs=1e-12)
+    assert m[f'stage1_{name}_lift_se'] > 0
+  assert 'whitespace_lift' not in m  # Stage 0 has no stage below it.
+
+
+def test_share_statistics_by_hand():
+  share, se = evaluation.share_and_se([1, 2, 0], [2, 2, 1])
+  r = 3 / 5
+  resid = np.array([1 - 2 * r, 2 - 2 * r, 0 - r])
+  assert share == pytest.approx(r) and se == pytest.approx(np.sqrt(1.5 * np.sum(resid**2)) / 5)
+  # A paired difference of a share with itself is exactly zero, with zero spread.
+  assert evaluation.paired_share_difference([1, 2], [2, 2], [1, 2], [2, 2]) == (0.0, 0.0)
+  diff, se = evaluation.paired_share_difference([2, 2], [2, 2], [1, 1], [2, 2])
+  assert diff == pytest.approx(0.5) and se == pytest.approx(0.0)
+  # Linearised by hand: z_d = (a_d - R_a n_d) / N_a - (b_d - R_b m_d) / N_b.
+  diff, se = evaluation.paired_share_difference([1, 3], [2, 4], [0, 1], [2, 2])
+  z = np.array([(1 - 2 / 3 * 2) / 6 - (0 - 0.25 * 2) / 4, (3 - 2 / 3 * 4) / 6 - (1 - 0.25 * 2) / 4])
+  assert diff == pytest.approx(2 / 3 - 1 / 4) and se == pytest.approx(np.sqrt(2 * np.sum(z**2)))
+  assert np.isnan(evaluation.paired_share_difference([0], [0], [1], [1])[0])

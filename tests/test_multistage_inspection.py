@@ -47,7 +47,13 @@ def test_training_prints_both_levels(tiny_two_stage_run, ckpt):
   assert 'held-out text (| ends a stage-0 chunk, || ends a stage-1 chunk):' in console
   sampled = console.split('--- sample boundaries ---')[1]
   assert '||' in sampled and '|' in sampled.replace('||', '')
-  assert 'stage 1 rate' in [l for l in console.splitlines() if l.startswith('  val bpb')][-1]
+  last_val = [l for l in console.splitlines() if l.startswith('  val bpb')][-1]
+  # Stage 1 against its chance level (stage 0's precision), as the val metrics hold it.
+  run, _ = tiny_two_stage_run
+  rows = [json.loads(l) for l in open(os.path.join(run, 'metrics.jsonl'))]
+  val = [r for r in rows if r['split'] == 'val'][-1]
+  lift = f"ws lift {val['stage1_whitespace_lift']:+.3f} +- {val['stage1_whitespace_lift_se']:.3f}"
+  assert f"stage 1 rate {val['stage1_rate']:.3f} {lift}" in last_val
   # The printed segmentation is the model's: the same call renders the same text.
   data_text = sampled.strip().splitlines()[0]
   assert data_text.replace('|', '') in console  # A held-out line, delimiters removed.
@@ -109,6 +115,13 @@ def test_evaluate_reports_every_level(tiny_two_stage_run, ckpt, tmp_path):
       ['| greedy', '1'],
   ]
   assert f"| sample | 1 | {sampled['stage1_rate']:.3f} |" in md
+  for name in ('whitespace', 'line'):
+    assert sampled[f'stage1_{name}_lift'] == pytest.approx(val[f'stage1_{name}_lift'], abs=1e-9)
+  stage1_row = [l for l in md.splitlines() if l.startswith('| sample | 1 |')][0]
+  assert stage1_row.endswith(
+      f"| {sampled['stage1_whitespace_lift']:+.3f} +- {sampled['stage1_whitespace_lift_se']:.3f}"
+      f" / {sampled['stage1_line_lift']:+.3f} +- {sampled['stage1_line_lift_se']:.3f} |"
+  )
   assert 'line P / R' in md and open(tmp_path / 'ev.md').read() == md
 
 

@@ -153,18 +153,6 @@ def test_phrase_corpus_has_the_planted_structure():
   assert [d.text for d in again] == [d.text for d in docs]
 
 
-def test_share_statistics_by_hand():
-  share, se = synthetic.share_and_se([1, 2, 0], [2, 2, 1])
-  r = 3 / 5
-  resid = np.array([1 - 2 * r, 2 - 2 * r, 0 - r])
-  assert share == pytest.approx(r) and se == pytest.approx(np.sqrt(1.5 * np.sum(resid**2)) / 5)
-  # A paired difference of a share with itself is exactly zero, with zero spread.
-  assert synthetic.paired_share_difference([1, 2], [2, 2], [1, 2], [2, 2]) == (0.0, 0.0)
-  diff, se = synthetic.paired_share_difference([2, 2], [2, 2], [1, 1], [2, 2])
-  assert diff == pytest.approx(0.5) and se == pytest.approx(0.0)
-  assert np.isnan(synthetic.paired_share_difference([0], [0], [1], [1])[0])
-
-
 def test_parse_overrides():
   got = synthetic.parse_overrides(['learned:stages.lambda_rl=(0.5,)', 'no_rl:seed=3'])
   assert got == {'learned': {'stages.lambda_rl': (0.5,)}, 'no_rl': {'seed': 3}}

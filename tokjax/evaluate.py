@@ -16,7 +16,9 @@ the same way) with sampled and with greedy boundaries. Writes FILE_PREFIX.json a
     `tokjax.models.rivals.bpe.fit_tokenizer`);
   - for a model with S > 1 stages, a table with one line per level and boundary mode: rate, bytes per
     chunk, whitespace precision / recall / F1 and line precision / recall of the chunk ends of every
-    stage (the report's stage{s}_* entries; see `tokjax.evaluation`).
+    stage, and at stage s >= 1 the whitespace and line lift over stage s - 1 (its precision minus
+    the chance level that stage s - 1's ends set; the report's stage{s}_* entries; see
+    `tokjax.evaluation`).
 The statistics and their exact definitions are `tokjax.evaluation`'s, the same code the trainer's
 validation runs: with the same key, `--split val` reproduces the trainer's own val bpb.
 The checkpoint is restored by `tokjax.checkpointing.load_checkpoint`: a damaged latest step is reported
@@ -92,17 +94,23 @@ def to_markdown(report: dict) -> str:
         'Boundaries per level (rate: chunk ends per byte at stage 0, per chunk of stage s - 1 at '
         'stage s):',
         '',
-        '| boundaries | stage | rate | bytes/chunk | ws P / R / F1 | line P / R |',
-        '|---|---|---|---|---|---|',
+        '| boundaries | stage | rate | bytes/chunk | ws P / R / F1 | line P / R | ws / line lift '
+        'over the stage below (P minus its P, unforced ends, +- s.e. over documents) |',
+        '|---|---|---|---|---|---|---|',
     ]
     for mode, m in modes.items():
       for s in range(report['stages']):
         p = f'stage{s}_' if s else ''
         ws = ' / '.join(f"{m[f'{p}whitespace_{k}']:.3f}" for k in ('precision', 'recall', 'f1'))
         line = ' / '.join(f"{m[f'{p}line_{k}']:.3f}" for k in ('precision', 'recall'))
+        lift = ' / '.join(
+            f"{m[f'{p}{name}_lift']:+.3f} +- {m[f'{p}{name}_lift_se']:.3f}"
+            for name in evaluation.LIFT_REFERENCES
+            if s
+        )
         lines.append(
             f"| {mode} | {s} | {m[f'{p}rate']:.3f} | {m[f'{p}bytes_per_chunk']:.2f} | {ws} | "
-            f'{line} |'
+            f"{line} | {lift or '-'} |"
         )
   if report.get('bpe'):
     b = report['bpe']

@@ -29,6 +29,12 @@ batches):
            input positions, as the training metric stage{s}_rate), bytes_per_chunk is bytes per
            stage-s chunk, whitespace_*, line_* and chunk_hist as above; no BPE scores (the BPE
            reference is fitted to stage 0's rate).
+  stage{s}_{whitespace,line}_lift, ..._lift_se
+           (S > 1) whether stage s places its ends or merely inherits them: its precision against
+           the reference minus stage s - 1's, both over chunk ends at unforced positions (columns
+           1..L-2 of a row; the first and last end a chunk at every level), paired over documents
+           (`paired_share_difference`). A stage-s end can only sit where a stage-(s - 1) end does,
+           so a stage s that picks among them at random has lift 0.
 """
 
 import functools
@@ -43,6 +49,7 @@ from tokjax.models import interface
 
 PRF = ('precision', 'recall', 'f1')  # The statistics of a reference with an F1 (not line ends).
 SE_LABEL = '+- s.e. (ratio estimator over documents)'
+LIFT_REFERENCES = ('whitespace', 'line')  # The references of the stage-s lifts.
 
 
 def ratio_and_se(ce, nbytes) -> tuple[float, float]:
@@ -65,6 +72,27 @@ def ratio_and_se(ce, nbytes) -> tuple[float, float]:
   r = ce.sum() / total
   se = math.sqrt(d / (d - 1) * np.sum((ce - r * nbytes) ** 2)) / total if d > 1 else math.nan
   return float(r / math.log(2)), float(se / math.log(2))
+
+
+def share_and_se(num, den) -> tuple[float, float]:
+  """sum(num) / sum(den) over documents and its ratio-estimator standard error (documents as
+  units; `ratio_and_se`, whose bits-per-byte scaling by 1 / ln 2 is undone here)."""
+  r, se = ratio_and_se(num, den)
+  return r * math.log(2), se * math.log(2)
+
+
+def paired_share_difference(num_a, den_a, num_b, den_b) -> tuple[float, float]:
+  """R_a - R_b of two shares over the same documents (R = sum(num) / sum(den)) and its standard
+  error: the ratio estimator's linearisation z_d = (num_a - R_a den_a) / sum(den_a) - (the same of
+  b), se = sqrt(D / (D - 1) sum_d z_d^2). Documents where either den is 0 still count (z_d from the
+  other side); NaN when a side has no denominator at all."""
+  num_a, den_a, num_b, den_b = (np.asarray(x, np.float64) for x in (num_a, den_a, num_b, den_b))
+  if den_a.sum() == 0 or den_b.sum() == 0:  # A side without ends has no share to compare.
+    return math.nan, math.nan
+  ra, rb = num_a.sum() / den_a.sum(), num_b.sum() / den_b.sum()
+  z = (num_a - ra * den_a) / den_a.sum() - (num_b - rb * den_b) / den_b.sum()
+  d = len(z)
+  return float(ra - rb), float(math.sqrt(d / (d - 1) * np.sum(z**2))) if d > 1 else math.nan
 
 
 def document_ids(docs) -> np.ndarray:
@@ -222,6 +250,7 @@ class Evaluator:
     ce_doc, bytes_doc = np.zeros(num_docs), np.zeros(num_docs)
     ce_unit, bytes_unit = np.zeros(num_units), np.zeros(num_units)
     levels, hists = None, None  # Per level of boundaries: {reference: Counts}, chunk histogram.
+    free_ends = None  # Per level: {'ends' or a LIFT_REFERENCES name: float[num_docs]} (the lifts).
     for i, batch in enumerate(batches):
       placed = sharding.global_batch_from_global(pipeline.model_batch(batch), self.trainer.mesh)
       with sharding.use(self.trainer.mesh, self.config.mesh):
@@ -245,6 +274,8 @@ class Evaluator:
       levels = boundary_stats.merge(levels, batch_levels)
       batch_hists = [boundary_stats.chunk_histogram(e & mask) for e in ends]
       hists = boundary_stats.merge(hists, batch_hists)
+      if len(ends) > 1:
+        free_ends = _add_free_ends(free_ends, ends, mask, marks, tdoc, num_docs)
     bpb, se = ratio_and_se(ce_doc, bytes_doc)
     m = {
         'bpb': bpb,
@@ -269,9 +300,37 @@ class Evaluator:
         stats.update({f'{name}_{k}': float(getattr(c[name], k)) for k in PRF})
       stats['chunk_hist'] = boundary_stats.histogram_dict(hist)
       m.update({interface.stage_metric(s, k): v for k, v in stats.items()})
+    scored = bytes_doc > 0
+    for s in range(1, len(free_ends or ())):
+      for name in LIFT_REFERENCES:
+        lift, lift_se = paired_share_difference(
+            *(free_ends[level][key][scored] for level in (s, s - 1) for key in (name, 'ends'))
+        )
+        m[interface.stage_metric(s, f'{name}_lift')] = lift
+        m[interface.stage_metric(s, f'{name}_lift_se')] = lift_se
     if counts:
       m['counts'] = levels
     return m
+
+
+def _add_free_ends(sums, ends, mask, marks, tdoc, num_docs) -> list:
+  """sums (None at the first batch) plus one batch's chunk ends at unforced positions, per level and
+  per document: 'ends' all of them, and each of LIFT_REFERENCES those on its marks. ends: one
+  bool[B, L] per level; mask: bool[B, L]; tdoc: the document of each masked position, in order."""
+  free = np.zeros(mask.shape, bool)
+  free[:, 1:-1] = True  # The first and last position of a row end a chunk at every level.
+  free &= mask
+  batch = []
+  for e in ends:
+    at = e & free
+    level = {'ends': at}
+    level.update({name: at & marks[name] for name in LIFT_REFERENCES})
+    batch.append(
+        {k: np.bincount(tdoc, weights=v[mask], minlength=num_docs) for k, v in level.items()}
+    )
+  if sums is None:
+    return batch
+  return [{k: a[k] + b[k] for k in a} for a, b in zip(sums, batch)]
 
 
 def scalars(results: dict) -> dict:

@@ -215,7 +215,9 @@ class Reporter:
         f' | rate {val["rate"]:.3f} ws {val["whitespace_recall"]:.2f} greedy ws '
         f'{val["greedy_whitespace_recall"]:.2f} word-end {val["greedy_word_end_recall"]:.2f}'
         + ''.join(
-            f' | stage {s} rate {val[interface.stage_metric(s, "rate")]:.3f}'
+            f' | stage {s} rate {val[interface.stage_metric(s, "rate")]:.3f} ws lift '
+            f'{val[interface.stage_metric(s, "whitespace_lift")]:+.3f} +- '
+            f'{val[interface.stage_metric(s, "whitespace_lift_se")]:.3f}'
             for s in range(1, self.stages)
         )
         if self.stages

@@ -396,8 +396,10 @@ class SplitReader:
           f'{self.folder}: {shard["index"]} does not match the sha256 in {MANIFEST} (corrupt or '
           'replaced); prepare the corpus again'
       )
-    offsets = np.load(io.BytesIO(data))
     with self._lock:
+      # np.load parses the header with `ast`, which Python 3.11 can fail to run in two threads at
+      # once ("SystemError: AST constructor recursion depth mismatch"); grain reads from several.
+      offsets = np.load(io.BytesIO(data))
       self._offsets[k] = offsets
       while len(self._offsets) > _MAX_CACHED_SHARDS:
         self._offsets.popitem(last=False)

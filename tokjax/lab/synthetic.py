@@ -622,27 +622,6 @@ def per_document_counts(evaluator, params, texts, key, modes=PHRASE_MODES) -> di
   return {m: {k: np.asarray(v, np.float64) for k, v in cols.items()} for m, cols in out.items()}
 
 
-def share_and_se(num, den) -> tuple[float, float]:
-  """sum(num) / sum(den) over documents and its ratio-estimator standard error (documents as
-  units; `evaluation.ratio_and_se`, whose bits-per-byte scaling by 1 / ln 2 is undone here)."""
-  r, se = evaluation.ratio_and_se(num, den)
-  return r * math.log(2), se * math.log(2)
-
-
-def paired_share_difference(num_a, den_a, num_b, den_b) -> tuple[float, float]:
-  """R_a - R_b of two shares over the same documents (R = sum(num) / sum(den)) and its standard
-  error: the ratio estimator's linearisation z_d = (num_a - R_a den_a) / sum(den_a) - (the same of
-  b), se = sqrt(D / (D - 1) sum_d z_d^2). Documents where either den is 0 still count (z_d from the
-  other side); NaN when a side has no denominator at all."""
-  num_a, den_a, num_b, den_b = (np.asarray(x, np.float64) for x in (num_a, den_a, num_b, den_b))
-  if den_a.sum() == 0 or den_b.sum() == 0:  # A side without ends has no share to compare.
-    return math.nan, math.nan
-  ra, rb = num_a.sum() / max(den_a.sum(), 1), num_b.sum() / max(den_b.sum(), 1)
-  z = (num_a - ra * den_a) / max(den_a.sum(), 1) - (num_b - rb * den_b) / max(den_b.sum(), 1)
-  d = len(z)
-  return float(ra - rb), float(math.sqrt(d / (d - 1) * np.sum(z**2))) if d > 1 else math.nan
-
-
 def phrase_summary(cols: dict) -> dict:
   """The table's numbers of one run and mode from its `per_document_counts` columns: bpb; stage-0
   rate, word precision / recall and phrase precision (the chance level of stage 1); stage-1 rate
@@ -663,11 +642,11 @@ def phrase_summary(cols: dict) -> dict:
       'before_precision0': (cols['L0_before_free_hits'], free0),
       'before_precision1': (cols['L1_before_free_hits'], free1),
   }.items():
-    m[key], m[key + '_se'] = share_and_se(num, den)
-  m['lift'], m['lift_se'] = paired_share_difference(
+    m[key], m[key + '_se'] = evaluation.share_and_se(num, den)
+  m['lift'], m['lift_se'] = evaluation.paired_share_difference(
       cols['L1_phrase_free_hits'], free1, cols['L0_phrase_free_hits'], free0
   )
-  m['before_lift'], m['before_lift_se'] = paired_share_difference(
+  m['before_lift'], m['before_lift_se'] = evaluation.paired_share_difference(
       cols['L1_before_free_hits'], free1, cols['L0_before_free_hits'], free0
   )
   return m
@@ -695,8 +674,10 @@ def stage1_probabilities(ckpt, texts, key) -> dict:
       sums[f'p_{name}'][d], sums[f'n_{name}'][d] = probs[1][where].sum(), where.sum()
   m = {}
   for name in ('phrase', 'other'):
-    m[f'p1_{name}'], m[f'p1_{name}_se'] = share_and_se(sums[f'p_{name}'], sums[f'n_{name}'])
-  m['p1_gap'], m['p1_gap_se'] = paired_share_difference(
+    m[f'p1_{name}'], m[f'p1_{name}_se'] = evaluation.share_and_se(
+        sums[f'p_{name}'], sums[f'n_{name}']
+    )
+  m['p1_gap'], m['p1_gap_se'] = evaluation.paired_share_difference(
       sums['p_phrase'], sums['n_phrase'], sums['p_other'], sums['n_other']
   )
   return m
@@ -729,7 +710,7 @@ def phrase_comparisons(cols: dict, method: str = 'learned') -> list[dict]:
     for other in [r for r in cols if r != method]:
       for mode in PHRASE_MODES:
         a, b = cols[method][mode], cols[other][mode]
-        diff, se = paired_share_difference(
+        diff, se = evaluation.paired_share_difference(
             a[f'L1_{ref}_hits'], a['L1_free_hits'], b[f'L1_{ref}_hits'], b['L1_free_hits']
         )
         z = diff / se if se > 0 else math.nan  # NaN se (a side without ends) stays NaN.

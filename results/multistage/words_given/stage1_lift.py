@@ -15,7 +15,7 @@ import sys
 import jax
 import numpy as np
 
-from tokjax import boundary_stats, checkpointing
+from tokjax import boundary_stats, checkpointing, evaluation
 from tokjax.data import pipeline
 from tokjax.lab import synthetic
 
@@ -53,9 +53,9 @@ def main(dirs):
     docs = pipeline.load_splits(ckpt.config.data)['val']
     c = columns(ckpt, docs, jax.random.PRNGKey(0))
     for ref in ('ws_free', 'line_free'):
-      p0, _ = synthetic.share_and_se(c[f'L0_{ref}'], c['L0_free'])
-      p1, _ = synthetic.share_and_se(c[f'L1_{ref}'], c['L1_free'])
-      lift, se = synthetic.paired_share_difference(
+      p0, _ = evaluation.share_and_se(c[f'L0_{ref}'], c['L0_free'])
+      p1, _ = evaluation.share_and_se(c[f'L1_{ref}'], c['L1_free'])
+      lift, se = evaluation.paired_share_difference(
           c[f'L1_{ref}'], c['L1_free'], c[f'L0_{ref}'], c['L0_free']
       )
       print(
