@@ -96,3 +96,19 @@ def test_paper_two_stage_configs_match_the_one_stage_flops_per_byte(size):
       one, multistage.target_rates(one)
   )
   assert abs(ratio - 1) < 0.03, ratio
+
+
+def test_every_run_trains_on_the_two_stage_configs_sequences_unless_told():
+  configs = multistage.run_configs(['learned', 'hnet'], 'unused')
+  two_stage = config_files.load('two_stage')
+  for c in configs.values():
+    assert (c.data.seq_len, c.data.batch_size) == (
+        two_stage.data.seq_len,
+        two_stage.data.batch_size,
+    )
+  one_stage, default = configs[multistage.BASE], config_files.load('default')
+  assert one_stage.model.capacity == default.model.capacity * (
+      two_stage.data.seq_len // default.data.seq_len
+  )
+  told = multistage.run_configs(['learned'], 'unused', batch=2, seq_len=512)
+  assert {(c.data.seq_len, c.data.batch_size) for c in told.values()} == {(512, 2)}

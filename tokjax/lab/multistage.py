@@ -72,7 +72,9 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   _STEPS = flags.DEFINE_integer(
       'steps', 150, 'Training steps of the one-stage run (the others: equal training FLOPs).'
   )
-  _BATCH = flags.DEFINE_integer('batch', 0, "Sequences per step of every run (0: the configs').")
+  _BATCH = flags.DEFINE_integer(
+      'batch', 0, "Sequences per step of every run (0: configs/two_stage.py's, 4)."
+  )
   _RUNS = flags.DEFINE_list('runs', ','.join(RUNS), 'Runs, from ' + ','.join(RUNS))
   _TINY = flags.DEFINE_bool('tiny', False, 'Tiny models and eval (smoke tests).')
   _EVAL_DOCS = flags.DEFINE_integer(
@@ -84,7 +86,7 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   _EVALS = flags.DEFINE_integer('evals', 1, 'Val evaluations during training.')
   _SEED = flags.DEFINE_integer('seed', 0, 'Seed of every run.')
   _SEQ_LEN = flags.DEFINE_integer(
-      'seq_len', 0, "Bytes per sequence of every run (0: the configs', 256)."
+      'seq_len', 0, "Bytes per sequence of every run (0: configs/two_stage.py's, 1024)."
   )
   _UNIT_BYTES = flags.DEFINE_integer(
       'unit_bytes', 2048, 'Paired differences are also taken over windows of this many bytes.'
@@ -113,6 +115,16 @@ def run_config(
     c.stages.capacity = tuple(grow(x) for x in c.stages.capacity)
     c.data.seq_len = seq_len
   return c
+
+
+def run_configs(runs, corpus: str, tiny=False, seed=0, batch=0, seq_len=0) -> dict:
+  """{run: `run_config`} of BASE and `runs`, all on sequences of one shape: batch and seq_len, or
+  where 0 configs/two_stage.py's (the one-stage config's shorter sequences are grown to it)."""
+  shape = run_config('learned', corpus, tiny).data
+  batch, seq_len = batch or shape.batch_size, seq_len or shape.seq_len
+  return {
+      r: run_config(r, corpus, tiny, seed, batch, seq_len) for r in dict.fromkeys((BASE, *runs))
+  }
 
 
 def target_rates(config) -> tuple[float, ...]:
@@ -378,9 +390,7 @@ def multistage(
   if unit_bytes < 1:
     raise UserError(f'--unit_bytes={unit_bytes} must be a positive number of bytes.')
   os.makedirs(out_dir, exist_ok=True)
-  configs = {
-      r: run_config(r, corpus, tiny, seed, batch, seq_len) for r in dict.fromkeys((BASE, *runs))
-  }
+  configs = run_configs(runs, corpus, tiny, seed, batch, seq_len)
   steps = equal_flops_steps(configs, base_steps)
   for r, c in configs.items():
     common.schedule(c, steps[r], evals)
