@@ -1,5 +1,5 @@
 """The lab's shared runner: a stopped run resumes exactly from its checkpoint; a stopped run of
-another config starts again."""
+another config starts again; every lab run checkpoints on the way, not only at its end."""
 
 import json
 import os
@@ -46,3 +46,12 @@ def test_a_stopped_run_of_another_config_starts_again(tiny_run, tmp_path):
   assert not result['resumed']
   log = (out / 'other' / 'train.log').read_text()
   assert 'resum' not in log.lower() and os.path.exists(out / 'other' / 'checkpoints' / '6')
+
+
+def test_every_lab_run_checkpoints_on_the_way():
+  for steps in (7, common.CHECKPOINT_EVERY, 5 * common.CHECKPOINT_EVERY + 3):
+    c = tiny_run_config('unused')
+    common.schedule(c, steps, evals=2)
+    assert c.train.steps == steps and c.train.eval_every == steps // 2
+    # At most CHECKPOINT_EVERY steps are lost to a kill; a short run checkpoints at its end.
+    assert c.train.checkpoint_every == min(steps, common.CHECKPOINT_EVERY)

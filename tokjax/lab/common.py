@@ -64,13 +64,18 @@ def steps_for(budget: float, batch_size: int, seq_len: int) -> int:
   return max(1, round(budget / (batch_size * seq_len)))
 
 
+CHECKPOINT_EVERY = (
+    200  # Steps: a stopped lab run resumes (`train_or_load`) and loses at most these.
+)
+
+
 def schedule(config, steps: int, evals: int) -> None:
-  """Sets a run of `steps` steps in place: `evals` val evaluations, about 8 log lines, one
-  checkpoint at the end; then validates the config."""
+  """Sets a run of `steps` steps in place: `evals` val evaluations, about 8 log lines, a checkpoint
+  every CHECKPOINT_EVERY steps and at the end; then validates the config."""
   config.train.steps = steps
   config.train.eval_every = max(1, steps // max(evals, 1))
   config.train.log_every = max(1, min(25, steps // 8))
-  config.train.checkpoint_every = steps
+  config.train.checkpoint_every = min(steps, CHECKPOINT_EVERY)
   config_validation.validate(config)
 
 

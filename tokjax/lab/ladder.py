@@ -100,7 +100,6 @@ def build_config(run: Run):
     c.model.num_layers = common.match_flat_layers(c, common.param_count(variant('policy')))
   steps = steps_of(run, c.data.batch_size)
   common.schedule(c, steps, evals=4)
-  c.train.checkpoint_every = max(1, min(steps, 200))  # A killed run loses at most 200 steps.
   for item in run.overrides:
     field, value = item.split('=', 1)
     _set_field(c, field, value)

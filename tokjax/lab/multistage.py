@@ -61,7 +61,6 @@ PHRASE_END = tuple(b'.,;:!?')  # A phrase ends on one of these, or on whitespace
 # training and the bits-per-byte draw them: a policy still unsure of its boundaries (p < 1/2
 # everywhere) shows none greedily.
 PASSAGE_MODES = ('greedy', 'sample')
-CHECKPOINT_EVERY = 200  # Steps; a stopped run resumes from its last checkpoint.
 
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
@@ -394,7 +393,6 @@ def multistage(
   steps = equal_flops_steps(configs, base_steps)
   for r, c in configs.items():
     common.schedule(c, steps[r], evals)
-    c.train.checkpoint_every = min(steps[r], CHECKPOINT_EVERY)
   base = configs[BASE]
   splits = pipeline.load_splits(base.data, corpus)
   passage = common.paragraph(splits['test'], base.data.seq_len - 1)
