@@ -67,6 +67,15 @@ def word_end(tokens, positions=None):
   return before_ws & ~ws
 
 
+def unforced(tokens, positions=None):
+  """bool[B, L]: input positions 1..L-2 of each row: the first and last position of a row end a
+  chunk at every level, so only these carry a boundary decision."""
+  del positions
+  m = np.zeros(np.shape(tokens), bool)
+  m[:, 1:-1] = True
+  return m
+
+
 BUILTIN: Mapping[str, Reference] = types.MappingProxyType(
     {'whitespace': whitespace, 'line': line_end, 'word_end': word_end}
 )

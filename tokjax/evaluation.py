@@ -317,9 +317,7 @@ def _add_free_ends(sums, ends, mask, marks, tdoc, num_docs) -> list:
   """sums (None at the first batch) plus one batch's chunk ends at unforced positions, per level and
   per document: 'ends' all of them, and each of LIFT_REFERENCES those on its marks. ends: one
   bool[B, L] per level; mask: bool[B, L]; tdoc: the document of each masked position, in order."""
-  free = np.zeros(mask.shape, bool)
-  free[:, 1:-1] = True  # The first and last position of a row end a chunk at every level.
-  free &= mask
+  free = boundary_stats.unforced(mask) & mask
   batch = []
   for e in ends:
     at = e & free

@@ -515,17 +515,9 @@ def write_results(out: str, command: str, spec: CorpusSpec, curves: dict, second
 # -- the two-level design: phrases of words ---------------------------------------------------------
 
 
-def interior(tokens, positions=None):
-  """bool[B, L]: input positions 1..L-2 of each row, where no boundary is forced (a reference)."""
-  del positions
-  m = np.zeros(np.shape(tokens), bool)
-  m[:, 1:-1] = True
-  return m
-
-
 def both(a, b):
-  """The reference that marks a byte where references a and b both do (e.g. `both(ref, interior)`:
-  ref at unforced positions only)."""
+  """The reference that marks a byte where references a and b both do (e.g.
+  `both(ref, boundary_stats.unforced)`: ref at unforced positions only)."""
   return lambda tokens, positions=None: a(tokens, positions) & b(tokens, positions)
 
 
@@ -535,10 +527,10 @@ def both(a, b):
 # last word), on 'word_free' those at spaces.
 PHRASE_REFERENCES = {
     'phrase': multistage.phrase_end,
-    'free': interior,
-    'phrase_free': both(multistage.phrase_end, interior),
-    'before_free': both(multistage.before_phrase_end, interior),
-    'word_free': both(boundary_stats.whitespace, interior),
+    'free': boundary_stats.unforced,
+    'phrase_free': both(multistage.phrase_end, boundary_stats.unforced),
+    'before_free': both(multistage.before_phrase_end, boundary_stats.unforced),
+    'word_free': both(boundary_stats.whitespace, boundary_stats.unforced),
 }
 # Where a stage-1 chunk can close a phrase: at its end (the mark or the space after it), or one word
 # early, before its last word. Like stage 0's two sides of a word ('word |next' or 'word| next'), both

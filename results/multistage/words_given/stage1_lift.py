@@ -20,9 +20,9 @@ from tokjax.data import pipeline
 from tokjax.lab import synthetic
 
 REFERENCES = {
-    'free': synthetic.interior,
-    'ws_free': synthetic.both(boundary_stats.whitespace, synthetic.interior),
-    'line_free': synthetic.both(boundary_stats.line_end, synthetic.interior),
+    'free': boundary_stats.unforced,
+    'ws_free': synthetic.both(boundary_stats.whitespace, boundary_stats.unforced),
+    'line_free': synthetic.both(boundary_stats.line_end, boundary_stats.unforced),
 }
 
 
