@@ -35,9 +35,9 @@ XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" py
 --config configs/two_stage.py`, wall 28m51s; the log is results/multistage/two_stage_config/train.log):
 1.41M parameters, final val bpb 2.224 +- 0.035 (greedy 2.224); stage 0 at rate 0.207 on the space
 after a word, as the one-stage model does (greedy whitespace recall 1.00: "And |if |thou |fail |us,
-|all |our ||hope ||is ||done."); stage 1 at rate 0.327 with `ws lift +0.039 +- 0.004` (the last val line's
-batches: eval_val_8batches.md there), about ten standard errors above chance but far from words-into-phrases: it prefers gaps between words to line
-ends. Which side of the space stage 0 takes is set by the seed early in training: of seeds 0 to 7,
+|all |our ||hope ||is ||done."); stage 1 at rate 0.327 with `ws lift +0.039 +- 0.004` (the last
+val line's batches: eval_val_8batches.md there), about ten standard errors above chance but far from
+words-into-phrases: it prefers gaps between words to line ends. Which side of the space stage 0 takes is set by the seed early in training: of seeds 0 to 7,
 five took the space side and two the word's last letter ("word| next", where whitespace recall
 counts nothing), and one was undecided at step 500; the one-stage model at this budget took the
 same side at each of those seven seeds (results/multistage/two_stage_config/). Other threading gives

@@ -64,9 +64,8 @@ def steps_for(budget: float, batch_size: int, seq_len: int) -> int:
   return max(1, round(budget / (batch_size * seq_len)))
 
 
-CHECKPOINT_EVERY = (
-    200  # Steps: a stopped lab run resumes (`train_or_load`) and loses at most these.
-)
+# Steps between checkpoints: a stopped lab run resumes (`train_or_load`) and loses at most these.
+CHECKPOINT_EVERY = 200
 
 
 def schedule(config, steps: int, evals: int) -> None:
