@@ -1,6 +1,7 @@
 """Tests of the synthetic planted-segment corpora, the boundary F1 and the two-level experiment of
 tokjax/lab/synthetic.py."""
 
+import dataclasses
 import json
 
 import jax
@@ -115,8 +116,37 @@ def test_eval_arrays_align_with_the_boundary_convention():
 # -- the two-level design: phrases of words ---------------------------------------------------------
 
 
-def test_phrase_corpus_has_the_planted_structure():
+def foreseen_share(book) -> float:
+  """The share of a book's phrases whose words before the last already tell that the next word ends
+  the phrase (no other phrase goes on past it with the same words)."""
+
+  def goes_on(q, words):
+    return len(q) > len(words) + 1 and q[: len(words)] == words
+
+  return np.mean([not any(goes_on(q, p[:-1]) for q in book if q != p) for p in book])
+
+
+def test_prefix_book_shows_a_phrase_end_only_at_its_mark():
   spec = synthetic.PhraseSpec()
+  assert spec.book == 'prefixes'
+  lengths = spec.max_words - spec.min_words + 1
+  for seed in range(3):
+    book = synthetic.make_phrase_book(np.random.default_rng(seed), spec)
+    assert len({tuple(p) for p in book}) == len(book) == spec.phrase_book
+    assert {len(p) for p in book} == set(range(spec.min_words, spec.max_words + 1))
+    # Only the longest phrase of each stem has an end its words foretell.
+    assert foreseen_share(book) <= 1 / lengths + 1 / spec.phrase_book
+    distinct = synthetic.make_phrase_book(
+        np.random.default_rng(seed), dataclasses.replace(spec, book='distinct')
+    )
+    assert len(distinct) == spec.phrase_book and foreseen_share(distinct) > 0.8
+  with pytest.raises(synthetic.UserError):
+    synthetic.make_phrase_book(np.random.default_rng(0), dataclasses.replace(spec, book='trie'))
+
+
+@pytest.mark.parametrize('book', synthetic.BOOKS)
+def test_phrase_corpus_has_the_planted_structure(book):
+  spec = synthetic.PhraseSpec(book=book)
   window = config_files.load('synthetic_two_stage').stages.window[0]
   assert spec.min_distance > window  # The copies lie beyond the stage-1 layers' window.
   book = {b''.join(p) for p in synthetic.make_phrase_book(np.random.default_rng(2), spec)}

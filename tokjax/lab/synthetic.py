@@ -115,6 +115,14 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
       'phrases: stage 0 is the whitespace rule in every run (the words given), so the runs differ '
       'in stage 1 alone (configs/synthetic_two_stage.py, option words).',
   )
+  _BOOK = flags.DEFINE_enum(
+      'book',
+      'prefixes',
+      ['prefixes', 'distinct'],
+      "phrases: how the phrase book is drawn (PhraseSpec.book): 'prefixes' = every stem at every "
+      "length, so a phrase's end shows only at its mark; 'distinct' = independent phrases, whose "
+      'first words foretell the end (the book of the results before it).',
+  )
   _SET = flags.DEFINE_multi_string(
       'set',
       [],
@@ -233,6 +241,14 @@ class PhraseSpec:
   sits before the word's space). A block: phrases drawn from the book until it holds at least
   min_distance bytes, then followed by an exact copy of itself, so every copied byte sits
   min_distance bytes or more after its original, beyond a stage-1 window of fewer bytes.
+
+  book: 'prefixes' = the book is built from random stems of max_words words, each present at every
+    length min_words..max_words (its prefixes, each with a mark of its own), so that before the mark
+    the words so far seldom tell whether the phrase ends at the next word: the phrase end is seen,
+    not foreseen. 'distinct' = independent random phrases, whose first words fix the whole phrase,
+    its length included, so a chunk can close a phrase one word early (at the space before its last
+    word) as surely as at its mark: the two sides of a phrase end, as a word has two sides of its
+    space.
   """
 
   lexicon_size: int = 64
@@ -243,6 +259,10 @@ class PhraseSpec:
   max_words: int = 4
   marks: bytes = b',.'
   min_distance: int = 40
+  book: str = 'prefixes'
+
+
+BOOKS = ('prefixes', 'distinct')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,16 +281,32 @@ class PhraseDocument:
 
 def make_phrase_book(rng: np.random.Generator, spec: PhraseSpec) -> list[list[bytes]]:
   """`spec.phrase_book` distinct phrases, each a list of words; a phrase's last word carries its
-  mark before the space."""
+  mark before the space (`spec.book` says how the phrases are drawn)."""
+  if spec.book not in BOOKS:
+    raise UserError(f'unknown phrase book {spec.book!r}; use one of {", ".join(BOOKS)}.')
   lexicon = make_lexicon(
       rng, CorpusSpec(lexicon_size=spec.lexicon_size, min_len=spec.min_len, max_len=spec.max_len)
   )
-  book = set()
-  while len(book) < spec.phrase_book:
-    n = int(rng.integers(spec.min_words, spec.max_words + 1))
-    words = [lexicon[i] for i in rng.integers(0, len(lexicon), n)]
+
+  def words(n):
+    return [lexicon[i] for i in rng.integers(0, len(lexicon), n)]
+
+  def closed(phrase):
     mark = spec.marks[int(rng.integers(0, len(spec.marks)))]
-    book.add(tuple(words[:-1]) + (words[-1][:-1] + bytes([mark]) + b' ',))
+    return tuple(phrase[:-1]) + (phrase[-1][:-1] + bytes([mark]) + b' ',)
+
+  book, stems = {}, set()  # Insertion-ordered, so the book does not depend on hashing.
+  while len(book) < spec.phrase_book:
+    if spec.book == 'distinct':
+      book.setdefault(closed(words(int(rng.integers(spec.min_words, spec.max_words + 1)))), None)
+      continue
+    stem = tuple(words(spec.max_words))
+    if stem[: spec.min_words] in stems:  # Its prefixes would repeat another stem's.
+      continue
+    stems.add(stem[: spec.min_words])
+    for n in range(spec.min_words, spec.max_words + 1):
+      if len(book) < spec.phrase_book:
+        book[closed(stem[:n])] = None
   return [list(p) for p in sorted(book)]
 
 
@@ -906,6 +942,7 @@ def main(argv):
         _SEED.value,
         command,
         parse_overrides(_SET.value),
+        spec=PhraseSpec(book=_BOOK.value),
         tiny=_TINY.value,
         words=_WORDS.value,
     )
