@@ -3,6 +3,7 @@ tokjax/lab/synthetic.py."""
 
 import dataclasses
 import json
+import math
 
 import jax
 import numpy as np
@@ -142,15 +143,21 @@ def test_prefix_book_shows_a_phrase_end_only_at_its_mark():
     assert len(distinct) == spec.phrase_book and foreseen_share(distinct) > 0.8
   with pytest.raises(synthetic.UserError):
     synthetic.make_phrase_book(np.random.default_rng(0), dataclasses.replace(spec, book='trie'))
+  with pytest.raises(synthetic.UserError):
+    synthetic.make_phrase_corpus(0, 0, 1, N_BYTES, dataclasses.replace(spec, marks_by='random'))
 
 
-@pytest.mark.parametrize('book', synthetic.BOOKS)
-def test_phrase_corpus_has_the_planted_structure(book):
-  spec = synthetic.PhraseSpec(book=book)
+@pytest.mark.parametrize(
+    'book, marks_by', [(b, m) for b in synthetic.BOOKS for m in synthetic.MARKS_BY]
+)
+def test_phrase_corpus_has_the_planted_structure(book, marks_by):
+  spec = synthetic.PhraseSpec(book=book, marks_by=marks_by)
   window = config_files.load('synthetic_two_stage').stages.window[0]
   assert spec.min_distance > window  # The copies lie beyond the stage-1 layers' window.
   book = {b''.join(p) for p in synthetic.make_phrase_book(np.random.default_rng(2), spec)}
   assert len(book) == spec.phrase_book
+  if marks_by == 'sentence':  # The document sets each phrase's mark: compare the words alone.
+    book = {p[:-2] for p in book}
   docs = synthetic.make_phrase_corpus(seed=1, book_seed=2, num_docs=20, n_bytes=N_BYTES, spec=spec)
   for doc in docs:
     text = np.frombuffer(doc.text, np.uint8)
@@ -159,7 +166,12 @@ def test_phrase_corpus_has_the_planted_structure(book):
     np.testing.assert_array_equal(doc.word_ends, np.flatnonzero(text == ord(' ')))
     assert set(doc.phrase_ends.tolist()) <= set(doc.word_ends.tolist())
     starts = np.concatenate([[0], doc.phrase_ends[:-1] + 1])
-    assert all(doc.text[s : e + 1] in book for s, e in zip(starts, doc.phrase_ends))
+    cut = 2 if marks_by == 'sentence' else 0
+    assert all(doc.text[s : e + 1 - cut] in book for s, e in zip(starts, doc.phrase_ends))
+    if marks_by == 'sentence':  # A '.' closes each block (so one precedes each copy), ',' the rest.
+      assert all(text[dst - 2] == ord('.') for _, dst, _ in doc.copies)
+      assert (text == ord('.')).sum() <= 2 * len(doc.copies) + 1
+      assert set(text[doc.phrase_ends - 1].tolist()) <= set(spec.marks)
     # The experiment's phrase reference marks each phrase's mark and the space after it.
     marked = np.flatnonzero(multistage.phrase_end(text[None])[0])
     want = set(doc.phrase_ends.tolist()) | set((doc.phrase_ends - 1).tolist())
@@ -238,11 +250,20 @@ def test_phrase_evaluation_writes_its_table(tiny_two_stage_run, tmp_path):
   runs = {'learned': {'wall_s': 1.0, 'overrides': {}, 'curve': ev['curve'], 'stage1_probs': probs}}
   cols = {'learned': ev['final_cols'], 'uniform': ev['final_cols']}
   comparisons = synthetic.phrase_comparisons(cols)
-  # A run against itself, on each side of the phrase end.
-  assert [(c['side'], c['diff']) for c in comparisons if c['mode'] == 'sample'] == [
+  # A run against itself, on each side of the phrase end and in bpb.
+  assert [(c['what'], c['diff']) for c in comparisons if c['mode'] == 'sample'] == [
       ('phrase', 0.0),
       ('before', 0.0),
+      ('bpb', 0.0),
   ]
+  # A control 0.1 bits worse on every byte: learned is 0.1 bpb better, with no spread over documents.
+  worse = {
+      m: dict(c, ce=c['ce'] + 0.1 * math.log(2) * c['bytes']) for m, c in cols['uniform'].items()
+  }
+  bpb = [c for c in synthetic.phrase_comparisons({**cols, 'uniform': worse}) if c['what'] == 'bpb']
+  assert [c['mode'] for c in bpb] == list(synthetic.PHRASE_MODES)
+  for c in bpb:
+    assert c['diff'] == pytest.approx(-0.1) and c['se'] == pytest.approx(0.0, abs=1e-9)
   assert m['before_precision0'] == pytest.approx(
       ev['final_cols']['sample']['L0_before_free_hits'].sum()
       / ev['final_cols']['sample']['L0_free_hits'].sum()
@@ -263,5 +284,6 @@ def test_phrase_evaluation_writes_its_table(tiny_two_stage_run, tmp_path):
   )
   md = (tmp_path / 'results.md').read_text()
   assert '| learned | sample |' in md and '| uniform | sample |' in md
+  assert '| bpb | uniform | sample | 0.0000 +- 0.0000 |' in md
   assert json.loads((tmp_path / 'results.json').read_text())['runs']['learned']['curve']
   assert (tmp_path / 'curves.png').exists()

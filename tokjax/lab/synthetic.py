@@ -123,6 +123,13 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
       "length, so a phrase's end shows only at its mark; 'distinct' = independent phrases, whose "
       'first words foretell the end (the book of the results before it).',
   )
+  _MARKS_BY = flags.DEFINE_enum(
+      'marks_by',
+      'sentence',
+      ['sentence', 'book'],
+      "phrases: PhraseSpec.marks_by: 'sentence' = '.' closes each block and its copy, ',' every "
+      "other phrase; 'book' = each phrase's own random mark (the results before it).",
+  )
   _SET = flags.DEFINE_multi_string(
       'set',
       [],
@@ -249,6 +256,13 @@ class PhraseSpec:
     its length included, so a chunk can close a phrase one word early (at the space before its last
     word) as surely as at its mark: the two sides of a phrase end, as a word has two sides of its
     space.
+  marks_by: 'sentence' = a block is a sentence: its last phrase closes with the last of `marks` ('.'),
+    every other with the first (','), whatever mark the book gave it, so a '.' says that a block has
+    ended and its copy (or a fresh block) begins. What follows a '.' in a copy lies beyond the
+    stage-1 window and is known only to the main layers, and only from a stage-1 chunk that ends at
+    the '.' or its space: the one place where a chunk end pays in time rather than anywhere near.
+    'book' = every phrase keeps the book's mark, drawn at random (the results before it), and no
+    mark tells where a copy begins.
   """
 
   lexicon_size: int = 64
@@ -260,9 +274,11 @@ class PhraseSpec:
   marks: bytes = b',.'
   min_distance: int = 40
   book: str = 'prefixes'
+  marks_by: str = 'sentence'
 
 
 BOOKS = ('prefixes', 'distinct')
+MARKS_BY = ('sentence', 'book')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,6 +337,9 @@ def make_phrase_document(
     while size < spec.min_distance:
       block.append(book[int(rng.integers(0, len(book)))])
       size += sum(map(len, block[-1]))
+    if spec.marks_by == 'sentence':
+      marks = [spec.marks[0]] * (len(block) - 1) + [spec.marks[-1]]
+      block = [p[:-1] + [p[-1][:-2] + bytes([m]) + b' '] for p, m in zip(block, marks)]
     phrases += block + block
     copies.append((total, total + size, max(0, min(size, n_bytes - total - size))))
     total += 2 * size
@@ -344,6 +363,8 @@ def make_phrase_corpus(
     seed: int, book_seed: int, num_docs: int, n_bytes: int, spec: PhraseSpec = PhraseSpec()
 ) -> list[PhraseDocument]:
   """num_docs documents drawn with `seed` over the phrase book drawn with `book_seed`."""
+  if spec.marks_by not in MARKS_BY:
+    raise UserError(f'unknown marks_by {spec.marks_by!r}; use one of {", ".join(MARKS_BY)}.')
   book = make_phrase_book(np.random.default_rng(book_seed), spec)
   rng = np.random.default_rng(seed)
   return [make_phrase_document(rng, book, n_bytes, spec) for _ in range(num_docs)]
@@ -730,19 +751,25 @@ def evaluate_phrase_run(workdir: str, texts, key, every_checkpoint: bool = True)
 
 
 def phrase_comparisons(cols: dict, method: str = 'learned') -> list[dict]:
-  """Stage-1 precision of `method` minus each other run's, per side of the phrase end
-  (`PHRASE_SIDES`) and mode, paired over the same held-out documents (each run's boundaries drawn
-  on its own)."""
+  """`method` minus each other run, per mode, paired over the same held-out documents (each run's
+  boundaries drawn on its own): stage-1 precision on each side of the phrase end (`PHRASE_SIDES`;
+  'what' = the side), and bits-per-byte ('what' = 'bpb'), which says whether where stage 1 ends its
+  chunks changes the loss at all."""
   rows = []
-  for side, ref in PHRASE_SIDES.items():
+  for what in (*PHRASE_SIDES, 'bpb'):
     for other in [r for r in cols if r != method]:
       for mode in PHRASE_MODES:
         a, b = cols[method][mode], cols[other][mode]
-        diff, se = evaluation.paired_share_difference(
-            a[f'L1_{ref}_hits'], a['L1_free_hits'], b[f'L1_{ref}_hits'], b['L1_free_hits']
-        )
+        if what == 'bpb':
+          paired = evaluation.paired_difference(a['ce'], b['ce'], a['bytes'])
+          diff, se = paired['diff'], paired['se']
+        else:
+          ref = PHRASE_SIDES[what]
+          diff, se = evaluation.paired_share_difference(
+              a[f'L1_{ref}_hits'], a['L1_free_hits'], b[f'L1_{ref}_hits'], b['L1_free_hits']
+          )
         z = diff / se if se > 0 else math.nan  # NaN se (a side without ends) stays NaN.
-        rows.append({'side': side, 'vs': other, 'mode': mode, 'diff': diff, 'se': se, 'z': z})
+        rows.append({'what': what, 'vs': other, 'mode': mode, 'diff': diff, 'se': se, 'z': z})
   return rows
 
 
@@ -810,14 +837,16 @@ def write_phrase_results(out: str, meta: dict, runs: dict, comparisons: list[dic
   ]
   if comparisons:
     lines += [
-        '## Stage-1 precision, learned minus each control (paired over documents)',
+        '## Learned minus each control (paired over documents)',
         '',
-        'side: at phrase ends (prec1) or one word before them (before prec1).',
+        'phrase / before: stage-1 precision at phrase ends (prec1) or one word before them (before '
+        "prec1); bpb: bits-per-byte with each run's own boundaries (negative: learned is better), "
+        'the loss that stage-1 placement is meant to lower.',
         '',
         *common.table(
-            'side | control | mode | difference +- s.e. | difference / s.e.',
+            'what | control | mode | difference +- s.e. | difference / s.e.',
             (
-                f'{c["side"]} | {c["vs"]} | {c["mode"]} | {f(c["diff"], 3)} +- {f(c["se"], 3)} | '
+                f'{c["what"]} | {c["vs"]} | {c["mode"]} | {f(c["diff"], 4)} +- {f(c["se"], 4)} | '
                 f'{c["z"]:.1f}'
                 for c in comparisons
             ),
@@ -942,7 +971,7 @@ def main(argv):
         _SEED.value,
         command,
         parse_overrides(_SET.value),
-        spec=PhraseSpec(book=_BOOK.value),
+        spec=PhraseSpec(book=_BOOK.value, marks_by=_MARKS_BY.value),
         tiny=_TINY.value,
         words=_WORDS.value,
     )

@@ -35,7 +35,11 @@ def row(d):
   last = {name: r['curve'][-1] for name, r in data['runs'].items()}
   sample = last['learned']['sample']
   side = max(KEYS, key=lambda s: sample[KEYS[s][2]])
-  z = {(c['vs'], c['mode']): c['z'] for c in data['comparisons'] if c['side'] == side}
+  z = {
+      (c['vs'], c['mode']): c['z']
+      for c in data['comparisons']
+      if c.get('what', c.get('side')) == side
+  }
   margins = ' | '.join(
       f'{z[(vs, mode)]:.1f}' if z[(vs, mode)] == z[(vs, mode)] else '-'
       for vs in ('no_rl', 'uniform')
