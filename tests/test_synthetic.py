@@ -185,6 +185,10 @@ def test_phrase_corpus_has_the_planted_structure(book, marks_by):
     if text[-1] in spec.marks:  # The last phrase's space cut off: its last word still counts.
       want.add(ends[-1])
     assert before.tolist() == sorted(want) and len(want) >= len(doc.phrase_ends)
+    # One word late: the space after the first word that follows each phrase end.
+    first = np.flatnonzero(multistage.after_phrase_start(text[None])[0])
+    later = [doc.word_ends[doc.word_ends > e] for e in doc.phrase_ends]
+    assert first.tolist() == [w[0] for w in later if len(w)] and len(first) >= len(later) - 1
     # Each block is copied right after itself, at least min_distance bytes later, and those bytes
     # alone are marked copied.
     assert doc.copies and doc.copied.sum() == sum(n for _, _, n in doc.copies)
@@ -235,7 +239,7 @@ def test_phrase_evaluation_writes_its_table(tiny_two_stage_run, tmp_path):
       counts=True,
   )['greedy']['counts']
   for s in (0, 1):
-    for name in ('free', 'phrase_free', 'before_free'):
+    for name in ('free', 'phrase_free', 'before_free', 'first_free'):
       assert ev['final_cols']['greedy'][f'L{s}_{name}_hits'].sum() == whole[s][name].hits
   last = ev['curve'][-1]
   assert last['step'] == ckpt.step and last['sample']['documents'] == 3
@@ -247,6 +251,9 @@ def test_phrase_evaluation_writes_its_table(tiny_two_stage_run, tmp_path):
   probs = ev['stage1_probs']
   assert 0 <= probs['p1_phrase'] <= 1 and 0 <= probs['p1_other'] <= 1
   assert probs['p1_gap'] == pytest.approx(probs['p1_phrase'] - probs['p1_other'])
+  # The phrase ends split by their mark: the mean over all of them lies between the two marks' means.
+  by_mark = sorted([probs['p1_,'], probs['p1_.']])
+  assert by_mark[0] - 1e-6 <= probs['p1_phrase'] <= by_mark[1] + 1e-6 and by_mark[0] < by_mark[1]
   runs = {'learned': {'wall_s': 1.0, 'overrides': {}, 'curve': ev['curve'], 'stage1_probs': probs}}
   cols = {'learned': ev['final_cols'], 'uniform': ev['final_cols']}
   comparisons = synthetic.phrase_comparisons(cols)
@@ -254,6 +261,7 @@ def test_phrase_evaluation_writes_its_table(tiny_two_stage_run, tmp_path):
   assert [(c['what'], c['diff']) for c in comparisons if c['mode'] == 'sample'] == [
       ('phrase', 0.0),
       ('before', 0.0),
+      ('first', 0.0),
       ('bpb', 0.0),
   ]
   # A control 0.1 bits worse on every byte: learned is 0.1 bpb better, with no spread over documents.

@@ -169,6 +169,24 @@ def before_phrase_end(tokens, positions=None):
   return out
 
 
+def after_phrase_start(tokens, positions=None):
+  """bool[B, L]: the whitespace byte closing the first word after a phrase end (the mark and its
+  whitespace). A chunk that ends here closes a phrase one word late: it has read the next phrase's
+  first word, which may already determine the rest of that phrase."""
+  del positions
+  tokens = np.asarray(tokens)
+  ws, mark = boundary_stats.whitespace(tokens), np.isin(tokens, PHRASE_END)
+  out = np.zeros(tokens.shape, bool)
+  gap = np.zeros(tokens.shape[0], bool)  # Past a phrase end, before the next word's first byte.
+  first = np.zeros(tokens.shape[0], bool)  # Inside the first word after a phrase end.
+  for t in range(tokens.shape[1]):
+    letter = ~ws[:, t] & ~mark[:, t]
+    out[:, t] = ws[:, t] & first
+    first = np.where(letter, first | gap, False)
+    gap = np.where(mark[:, t], True, gap & ~letter)
+  return out
+
+
 REFERENCES = {'phrase': phrase_end}  # Scored at every level besides the builtin ones.
 # The per-level table: whitespace, word ends (a word's last byte before whitespace: the other side
 # of the space), line ends ('\n') and phrase ends (`phrase_end`).

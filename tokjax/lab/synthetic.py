@@ -35,7 +35,10 @@ THE TWO-LEVEL DESIGN (`--design phrases`; `PhraseSpec`, `phrase_experiment`). Wo
 lexicon, each closed by a space, in phrases of a fixed phrase book, each closed by ',' or '.'
 ('word, ' ends a phrase); blocks of phrases of at least min_distance bytes, each followed by its
 exact copy, so a copied phrase's original lies beyond the stage-1 layers' window
-(configs/synthetic_two_stage.py: 32 bytes). Runs: the variants of configs/synthetic_two_stage.py
+(configs/synthetic_two_stage.py: 32 bytes). By default a block is a sentence (',' inside, '.' at
+its end, so a '.' announces the copy) and the book holds every stem at every length, so a phrase's
+end shows only at its mark (`PhraseSpec.marks_by` and `.book`; `--marks_by book --book distinct`
+is the corpus of the results before them). Runs: the variants of configs/synthetic_two_stage.py
 (learned, uniform, no_rl), trained in WORKDIR/RUN by `common.train_or_load`; `--set
 RUN:path=VALUE` overrides a config field of one run. Every checkpoint is scored by the run's
 Evaluator on fresh held-out documents, one document at a time, against multistage's phrase
@@ -43,9 +46,10 @@ reference (`PHRASE_REFERENCES`): the share of stage-1 chunk ends at phrase ends,
 level (the share of the run's own stage-0 chunk ends there), each with its standard error over
 documents, and the learned run's difference to each control paired over the same documents; the
 same one word before phrase ends (`PHRASE_SIDES`: a chunk can close a phrase on either side, as a
-stage-0 chunk can close a word on either side of its space). `--words` makes stage 0 the whitespace
-rule in every run, so that the runs differ in stage 1 alone and stage 1's chance level is the same.
-Writes OUT/results.{md,json} and OUT/curves.png.
+stage-0 chunk can close a word on either side of its space); and bits-per-byte, learned minus each
+control paired over documents, which says whether stage 1's placement changes the loss at all.
+`--words` makes stage 0 the whitespace rule in every run, so that the runs differ in stage 1 alone
+and stage 1's chance level is the same. Writes OUT/results.{md,json} and OUT/curves.png.
 """
 
 import ast
@@ -581,18 +585,21 @@ def both(a, b):
 # Scored at every level through the Evaluator: a chunk end's hits on 'free' count the chunk ends at
 # unforced positions, on 'phrase_free' those of them at phrase ends (multistage's reference: the mark
 # or the space after it), on 'before_free' those one word before a phrase end (the space before its
-# last word), on 'word_free' those at spaces.
+# last word), on 'first_free' those one word after it (the space after the next phrase's first word),
+# on 'word_free' those at spaces.
 PHRASE_REFERENCES = {
     'phrase': multistage.phrase_end,
     'free': boundary_stats.unforced,
     'phrase_free': both(multistage.phrase_end, boundary_stats.unforced),
     'before_free': both(multistage.before_phrase_end, boundary_stats.unforced),
+    'first_free': both(multistage.after_phrase_start, boundary_stats.unforced),
     'word_free': both(boundary_stats.whitespace, boundary_stats.unforced),
 }
-# Where a stage-1 chunk can close a phrase: at its end (the mark or the space after it), or one word
-# early, before its last word. Like stage 0's two sides of a word ('word |next' or 'word| next'), both
-# carry the phrase's span; the experiment reports each against its own chance level.
-PHRASE_SIDES = {'phrase': 'phrase_free', 'before': 'before_free'}
+# Where a stage-1 chunk can close a phrase: at its end (the mark or the space after it), one word
+# early, before its last word, or one word late, after the next phrase's first word. Like stage 0's
+# two sides of a word ('word |next' or 'word| next'), each carries a phrase's span at a fixed offset;
+# the experiment reports each against its own chance level.
+PHRASE_SIDES = {'phrase': 'phrase_free', 'before': 'before_free', 'first': 'first_free'}
 PHRASE_MODES = ('greedy', 'sample')
 
 
@@ -675,7 +682,8 @@ def phrase_summary(cols: dict) -> dict:
   """The table's numbers of one run and mode from its `per_document_counts` columns: bpb; stage-0
   rate, word precision / recall and phrase precision (the chance level of stage 1); stage-1 rate
   (per stage-0 chunk), phrase precision and recall, and its lift over chance (paired over
-  documents); the same precisions and lift one word before phrase ends ('before_*'); each share
+  documents); the same precisions and lift one word before phrase ends ('before_*') and one word
+  after them ('first_*'); each share
   with its standard error over documents. Unforced positions only."""
   free0, free1 = cols['L0_free_hits'], cols['L1_free_hits']
   bpb, bpb_se = evaluation.ratio_and_se(cols['ce'], cols['bytes'])
@@ -690,23 +698,29 @@ def phrase_summary(cols: dict) -> dict:
       'phrase_recall1': (cols['L1_phrase_free_hits'], cols['L1_phrase_free_refs']),
       'before_precision0': (cols['L0_before_free_hits'], free0),
       'before_precision1': (cols['L1_before_free_hits'], free1),
+      'first_precision0': (cols['L0_first_free_hits'], free0),
+      'first_precision1': (cols['L1_first_free_hits'], free1),
   }.items():
     m[key], m[key + '_se'] = evaluation.share_and_se(num, den)
   m['lift'], m['lift_se'] = evaluation.paired_share_difference(
       cols['L1_phrase_free_hits'], free1, cols['L0_phrase_free_hits'], free0
   )
-  m['before_lift'], m['before_lift_se'] = evaluation.paired_share_difference(
-      cols['L1_before_free_hits'], free1, cols['L0_before_free_hits'], free0
-  )
+  for side in ('before', 'first'):
+    m[f'{side}_lift'], m[f'{side}_lift_se'] = evaluation.paired_share_difference(
+        cols[f'L1_{side}_free_hits'], free1, cols[f'L0_{side}_free_hits'], free0
+    )
   return m
 
 
-def stage1_probabilities(ckpt, texts, key) -> dict:
+def stage1_probabilities(ckpt, texts, key, marks: bytes = PhraseSpec.marks) -> dict:
   """How sure stage 1 is where it decides: its boundary probability at the stage-0 chunk ends
-  (sampled, as in training; unforced positions) that sit at a phrase end and at the others, each a
-  mean over those ends with its standard error over documents, and their difference paired over
-  documents. A greedy stage 1 (p > 1/2) ends chunks only where p crosses 1/2."""
-  sums = {k: np.zeros(len(texts)) for k in ('p_phrase', 'n_phrase', 'p_other', 'n_other')}
+  (sampled, as in training; unforced positions) that sit at a phrase end ('p1_phrase'), at a phrase
+  end closed by each of `marks` ('p1_,' and 'p1_.': the mark or the space after it) and at the
+  others ('p1_other'), each a mean over those ends with its standard error over documents, and the
+  difference phrase minus other paired over documents ('p1_gap'). A greedy stage 1 (p > 1/2) ends
+  chunks only where p crosses 1/2."""
+  names = ('phrase', *(chr(m) for m in marks), 'other')
+  sums = {f'{k}_{name}': np.zeros(len(texts)) for k in 'pn' for name in names}
   for d, text in enumerate(texts):
     _, actions, probs = segmentation.boundaries_for(
         ckpt.model,
@@ -718,11 +732,16 @@ def stage1_probabilities(ckpt, texts, key) -> dict:
     )
     ends = actions[0] > 0.5
     ends[-1] = False  # Forced when the text fills the window.
-    phrase = multistage.phrase_end(np.frombuffer(text, np.uint8)[None])[0][: len(ends)]
-    for name, where in (('phrase', ends & phrase), ('other', ends & ~phrase)):
-      sums[f'p_{name}'][d], sums[f'n_{name}'][d] = probs[1][where].sum(), where.sum()
+    b = np.frombuffer(text, np.uint8)[: len(ends)]
+    phrase = multistage.phrase_end(b[None])[0]
+    prev = np.concatenate([[0], b[:-1]])
+    where = {'phrase': ends & phrase, 'other': ends & ~phrase}
+    for m in marks:
+      where[chr(m)] = ends & phrase & ((b == m) | (prev == m))
+    for name, at in where.items():
+      sums[f'p_{name}'][d], sums[f'n_{name}'][d] = probs[1][at].sum(), at.sum()
   m = {}
-  for name in ('phrase', 'other'):
+  for name in names:
     m[f'p1_{name}'], m[f'p1_{name}_se'] = evaluation.share_and_se(
         sums[f'p_{name}'], sums[f'n_{name}']
     )
@@ -793,15 +812,17 @@ def write_phrase_results(out: str, meta: dict, runs: dict, comparisons: list[dic
       "the same share of the run's own stage-0 chunk ends (a stage-1 chunk can end only where a "
       'stage-0 chunk ends); lift = prec1 - chance, paired over documents. before: the same one word '
       "before a phrase end (at the space before the phrase's last word, "
-      '`multistage.before_phrase_end`), the other side a chunk can close a phrase on. '
-      'rate1: stage-1 ends per '
-      'stage-0 chunk. word prec0 / rec0: stage-0 ends at spaces / spaces ending a stage-0 chunk. '
-      'greedy: p > 1/2; sample: drawn as in training (and in bpb).',
+      '`multistage.before_phrase_end`); first: the same one word after it (at the space after the '
+      "next phrase's first word, `multistage.after_phrase_start`): the other places a chunk can "
+      'close a phrase at. rate1: stage-1 ends per stage-0 chunk. word prec0 / rec0: stage-0 ends at '
+      'spaces / spaces ending a stage-0 chunk. greedy: p > 1/2; sample: drawn as in training (and '
+      'in bpb).',
       '',
   ]
   head = (
       'run | mode | bpb +- s.e. | rate0 | word prec0 | word rec0 | rate1 | chance +- s.e. | '
-      'prec1 +- s.e. | lift +- s.e. | phrase rec1 | before: chance | prec1 | lift +- s.e.'
+      'prec1 +- s.e. | lift +- s.e. | phrase rec1 | before: chance | prec1 | lift +- s.e. | '
+      'first: chance | prec1 | lift +- s.e.'
   )
   body = []
   for name, r in runs.items():
@@ -813,8 +834,11 @@ def write_phrase_results(out: str, meta: dict, runs: dict, comparisons: list[dic
           f'{f(m["phrase_precision0"], 3)} +- {f(m["phrase_precision0_se"], 3)} | '
           f'{f(m["phrase_precision1"], 3)} +- {f(m["phrase_precision1_se"], 3)} | '
           f'{f(m["lift"], 3)} +- {f(m["lift_se"], 3)} | {f(m["phrase_recall1"], 3)} | '
-          f'{f(m["before_precision0"], 3)} | {f(m["before_precision1"], 3)} | '
-          f'{f(m["before_lift"], 3)} +- {f(m["before_lift_se"], 3)}'
+          + ' | '.join(
+              f'{f(m.get(f"{side}_precision0"), 3)} | {f(m.get(f"{side}_precision1"), 3)} | '
+              f'{f(m.get(f"{side}_lift"), 3)} +- {f(m.get(f"{side}_lift_se"), 3)}'
+              for side in ('before', 'first')
+          )
       )
   lines += ['## At the last step', '', *common.table(head, body), '']
   lines += [
@@ -825,11 +849,13 @@ def write_phrase_results(out: str, meta: dict, runs: dict, comparisons: list[dic
       'boundaries need p > 1/2.',
       '',
       *common.table(
-          'run | p1 at phrase ends | p1 elsewhere | gap',
+          "run | p1 at phrase ends | at ',' | at '.' | p1 elsewhere | gap",
           (
-              f'{name} | {f(p["p1_phrase"], 3)} +- {f(p["p1_phrase_se"], 3)} | '
-              f'{f(p["p1_other"], 3)} +- {f(p["p1_other_se"], 3)} | '
-              f'{f(p["p1_gap"], 3)} +- {f(p["p1_gap_se"], 3)}'
+              f'{name} | '
+              + ' | '.join(
+                  f'{f(p.get(f"p1_{k}"), 3)} +- {f(p.get(f"p1_{k}_se"), 3)}'
+                  for k in ('phrase', ',', '.', 'other', 'gap')
+              )
               for name, p in ((n, r['stage1_probs']) for n, r in runs.items())
           ),
       ),
@@ -839,9 +865,9 @@ def write_phrase_results(out: str, meta: dict, runs: dict, comparisons: list[dic
     lines += [
         '## Learned minus each control (paired over documents)',
         '',
-        'phrase / before: stage-1 precision at phrase ends (prec1) or one word before them (before '
-        "prec1); bpb: bits-per-byte with each run's own boundaries (negative: learned is better), "
-        'the loss that stage-1 placement is meant to lower.',
+        'phrase / before / first: stage-1 precision at phrase ends (prec1), one word before them or '
+        "one word after them; bpb: bits-per-byte with each run's own boundaries (negative: learned "
+        'is better), the loss that stage-1 placement is meant to lower.',
         '',
         *common.table(
             'what | control | mode | difference +- s.e. | difference / s.e.',
