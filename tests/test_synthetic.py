@@ -147,11 +147,41 @@ def test_prefix_book_shows_a_phrase_end_only_at_its_mark():
     synthetic.make_phrase_corpus(0, 0, 1, N_BYTES, dataclasses.replace(spec, marks_by='random'))
 
 
+def followers(docs) -> dict:
+  """{phrase: the set of phrases that follow it} over the documents' complete phrases, leaving out
+  each copy's first phrase (it follows its block's last phrase only because the block is copied)."""
+  out = {}
+  for doc in docs:
+    starts = np.concatenate([[0], doc.phrase_ends[:-1] + 1])
+    texts = [doc.text[s : e + 1] for s, e in zip(starts, doc.phrase_ends)]
+    copy_starts = {dst for _, dst, _ in doc.copies}
+    for a, b, start in zip(texts, texts[1:], starts[1:]):
+      if start not in copy_starts:
+        out.setdefault(a, set()).add(b)
+  return out
+
+
+def test_successor_order_follows_each_phrase_with_one_of_its_successors():
+  spec = synthetic.PhraseSpec()
+  assert spec.order == 'successor' and spec.successors == 2
+  docs = synthetic.make_phrase_corpus(seed=1, book_seed=2, num_docs=50, n_bytes=N_BYTES, spec=spec)
+  after = followers(docs)
+  assert max(map(len, after.values())) == spec.successors and len(after) > spec.phrase_book // 2
+  random = dataclasses.replace(spec, order='random')
+  docs = synthetic.make_phrase_corpus(
+      seed=1, book_seed=2, num_docs=50, n_bytes=N_BYTES, spec=random
+  )
+  assert max(map(len, followers(docs).values())) > spec.successors
+  with pytest.raises(synthetic.UserError):
+    synthetic.make_phrase_corpus(0, 0, 1, N_BYTES, dataclasses.replace(spec, order='markov'))
+
+
 @pytest.mark.parametrize(
-    'book, marks_by', [(b, m) for b in synthetic.BOOKS for m in synthetic.MARKS_BY]
+    'book, marks_by, order',
+    [(b, m, o) for b in synthetic.BOOKS for m in synthetic.MARKS_BY for o in synthetic.ORDERS],
 )
-def test_phrase_corpus_has_the_planted_structure(book, marks_by):
-  spec = synthetic.PhraseSpec(book=book, marks_by=marks_by)
+def test_phrase_corpus_has_the_planted_structure(book, marks_by, order):
+  spec = synthetic.PhraseSpec(book=book, marks_by=marks_by, order=order)
   window = config_files.load('synthetic_two_stage').stages.window[0]
   assert spec.min_distance > window  # The copies lie beyond the stage-1 layers' window.
   book = {b''.join(p) for p in synthetic.make_phrase_book(np.random.default_rng(2), spec)}

@@ -129,10 +129,17 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   )
   _MARKS_BY = flags.DEFINE_enum(
       'marks_by',
-      'sentence',
-      ['sentence', 'book'],
-      "phrases: PhraseSpec.marks_by: 'sentence' = '.' closes each block and its copy, ',' every "
-      "other phrase; 'book' = each phrase's own random mark (the results before it).",
+      'book',
+      ['book', 'sentence'],
+      "phrases: PhraseSpec.marks_by: 'book' = each phrase's own random mark; 'sentence' = '.' "
+      "closes each block and its copy, ',' every other phrase.",
+  )
+  _ORDER = flags.DEFINE_enum(
+      'order',
+      'successor',
+      ['successor', 'random'],
+      "phrases: PhraseSpec.order: 'successor' = each phrase is followed by one of its 2 fixed "
+      "successors; 'random' = by any phrase of the book (the results before it).",
   )
   _SET = flags.DEFINE_multi_string(
       'set',
@@ -265,8 +272,14 @@ class PhraseSpec:
     ended and its copy (or a fresh block) begins. What follows a '.' in a copy lies beyond the
     stage-1 window and is known only to the main layers, and only from a stage-1 chunk that ends at
     the '.' or its space: the one place where a chunk end pays in time rather than anywhere near.
-    'book' = every phrase keeps the book's mark, drawn at random (the results before it), and no
-    mark tells where a copy begins.
+    'book' = every phrase keeps the book's mark, drawn at random, and no mark tells where a copy
+    begins.
+  order: 'successor' = every phrase of the book has `successors` fixed successors, and the phrase
+    after a phrase (a block's first phrase included; a copy repeats its block) is one of them, drawn
+    at random: what follows a phrase depends on the whole phrase, its length included, which only
+    its mark reveals, so the one chunk end that lets the main layers predict the next phrase from
+    its first byte is the one at the phrase end. 'random' = every phrase drawn from the whole book
+    (the results before it).
   """
 
   lexicon_size: int = 64
@@ -278,11 +291,14 @@ class PhraseSpec:
   marks: bytes = b',.'
   min_distance: int = 40
   book: str = 'prefixes'
-  marks_by: str = 'sentence'
+  marks_by: str = 'book'
+  order: str = 'successor'
+  successors: int = 2
 
 
 BOOKS = ('prefixes', 'distinct')
-MARKS_BY = ('sentence', 'book')
+MARKS_BY = ('book', 'sentence')
+ORDERS = ('successor', 'random')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,15 +347,25 @@ def make_phrase_book(rng: np.random.Generator, spec: PhraseSpec) -> list[list[by
 
 
 def make_phrase_document(
-    rng: np.random.Generator, book: list[list[bytes]], n_bytes: int, spec: PhraseSpec
+    rng: np.random.Generator,
+    book: list[list[bytes]],
+    n_bytes: int,
+    spec: PhraseSpec,
+    successors: np.ndarray | None = None,
 ) -> PhraseDocument:
   """One document of exactly n_bytes bytes: blocks of phrases from `book`, each block followed by
-  its copy (see PhraseSpec)."""
+  its copy (see PhraseSpec); successors: int[len(book), k], the phrases that may follow each
+  (order 'successor'), or None (order 'random')."""
   phrases, copies, total = [], [], 0
+  last = None  # Index of the phrase before the next one drawn.
   while total < n_bytes:
     block, size = [], 0
     while size < spec.min_distance:
-      block.append(book[int(rng.integers(0, len(book)))])
+      if successors is None or last is None:
+        last = int(rng.integers(0, len(book)))
+      else:
+        last = int(successors[last, rng.integers(0, successors.shape[1])])
+      block.append(book[last])
       size += sum(map(len, block[-1]))
     if spec.marks_by == 'sentence':
       marks = [spec.marks[0]] * (len(block) - 1) + [spec.marks[-1]]
@@ -369,9 +395,17 @@ def make_phrase_corpus(
   """num_docs documents drawn with `seed` over the phrase book drawn with `book_seed`."""
   if spec.marks_by not in MARKS_BY:
     raise UserError(f'unknown marks_by {spec.marks_by!r}; use one of {", ".join(MARKS_BY)}.')
-  book = make_phrase_book(np.random.default_rng(book_seed), spec)
+  if spec.order not in ORDERS:
+    raise UserError(f'unknown order {spec.order!r}; use one of {", ".join(ORDERS)}.')
+  book_rng = np.random.default_rng(book_seed)
+  book = make_phrase_book(book_rng, spec)
+  successors = None
+  if spec.order == 'successor':  # Distinct successors of each phrase, fixed with the book.
+    successors = np.stack(
+        [book_rng.choice(len(book), spec.successors, replace=False) for _ in book]
+    )
   rng = np.random.default_rng(seed)
-  return [make_phrase_document(rng, book, n_bytes, spec) for _ in range(num_docs)]
+  return [make_phrase_document(rng, book, n_bytes, spec, successors) for _ in range(num_docs)]
 
 
 def write_corpus(folder: str, docs) -> None:
@@ -997,7 +1031,7 @@ def main(argv):
         _SEED.value,
         command,
         parse_overrides(_SET.value),
-        spec=PhraseSpec(book=_BOOK.value, marks_by=_MARKS_BY.value),
+        spec=PhraseSpec(book=_BOOK.value, marks_by=_MARKS_BY.value, order=_ORDER.value),
         tiny=_TINY.value,
         words=_WORDS.value,
     )
