@@ -1,9 +1,9 @@
 r"""The planted two-level check: does a learned stage 1 end its chunks at phrase ends? (CPU size.)
 
-  python -m tokjax.lab.synthetic --design phrases --steps 600 --eval_every 200 --eval_docs 128 \
-      --out results/synthetic/phrases
   python -m tokjax.lab.synthetic --design phrases --words --steps 600 --eval_every 200 \
-      --eval_docs 128 --seed S --out results/synthetic/phrases_words/seedS   # the words given
+      --eval_docs 128 --seed S --out results/synthetic/phrase_ends/prefix_book_words/seedS
+  python -m tokjax.lab.synthetic --design phrases --steps 1500 --eval_every 500 --eval_docs 128 \
+      --seed S --out DIR   # stage 0 learned too
 
 Once that command has written its corpus, one run alone trains with
   python -m tokjax.train --config configs/synthetic_two_stage.py:learned \
@@ -11,7 +11,9 @@ Once that command has written its corpus, one run alone trains with
 
 Corpus (tokjax/lab/synthetic.py, `PhraseSpec`): lexicon words closed by a space, in phrases of a
 fixed phrase book, each phrase closed by ',' or '.', and blocks of phrases each followed by an exact
-copy at a distance of more than the stage-1 window.
+copy at a distance of more than the stage-1 window. The book holds every stem at every length, so
+a phrase's end shows only at its mark (`--book distinct`: the book of the results before
+results/synthetic/phrase_ends/).
 Model: configs/synthetic_cpu.py's (d_model 64, byte window 8, L = 128, B = 16) with a second stage
 (target rate 0.33 per stage-0 chunk, one layer before and one after it, capacity 32) whose layers
 attend over 32 bytes (config.stages.window): what lies further back -- the first copy of a block --
@@ -30,17 +32,20 @@ Variants (the experiment's runs; stage 0 is the learned policy in all of them):
   uniform   stage 1 the 'uniform' rival: its chunk ends picked at random among stage-0 chunk ends
   no_rl     stage 1 learned with config.stages.lambda_rl = 0: no policy gradient at stage 1, only the
             rate loss
-Measured (600 steps, 128 held-out documents, about 2 minutes a run on one core):
-- With the words given (`--words`; results/synthetic/phrases_words/, seeds 0-7), the learned stage 1
-  ends its chunks on one side of the phrase end far above chance at six seeds of eight. Seed 1 ends
-  them at phrase ends: greedy precision 0.911 against a chance of 0.362, sampled 0.572. Seeds 0, 2,
-  5, 6 and 7 end them one word before: greedy 0.47-0.68 against 0.31-0.36. At these six seeds the
-  learned stage 1 beats both controls by 6.4 to 29.9 standard errors (paired over documents). Seed 4
-  is in between, and at seed 3 stage 1 is still at chance.
-- With stage 0 learned too (results/synthetic/phrases/ and phrases_seed1/), the result follows the
-  side of the space stage 0 settled on. At seed 0, sampled boundaries: 0.339 +- 0.013 at phrase ends
-  against a chance of 0.280 +- 0.005, the controls at chance. At seed 1, where stage 0's chunks end
-  before the spaces, stage 1 is at chance (0.222 +- 0.013 against 0.218), and greedy it ends no chunk.
+Measured (600 steps, 128 held-out documents, 83-110 s a run on one core;
+results/synthetic/phrase_ends/, where the tables and the commands are):
+- With the words given, the learned stage 1 keys on phrase ends at every seed, but on one of two
+  opposite sides: at seeds 1 and 4 of 0-7 it ends its chunks there (greedy precision 0.870 and
+  1.000 against a chance of 0.325 and 0.323; above the uniform control by 37.6 and 47.7 standard
+  errors greedy, 12.7 and 8.5 sampled, and above no_rl by 21.8 and 21.4 sampled). At the other six
+  it never ends one there (boundary probability 0.00-0.16 at phrase ends against 0.47-0.56 at the
+  other word ends). Learned minus uniform bpb lies between -0.017 and +0.009 on both sides: the
+  loss does not pick the side, the seed does (seed 1 takes the phrase ends, seed 0 the other side,
+  on every corpus tried: this one, sentence marks and successor order).
+- The earlier book (`--book distinct`; results/synthetic/phrases_words/) let the words before a
+  phrase's last word foretell its end, and five of six learning seeds closed phrases one word early.
+- With stage 0 learned too (results/synthetic/phrases_1500/, earlier book, 1500 steps), stage 1
+  learns only where stage 0 took the space side, which the seed settles.
 
 Each variant is this file's base config with `OVERRIDES[name]` applied (dotted config paths), so a
 new setting for one variant (an estimator of stage 1, say) is one more entry there.

@@ -162,8 +162,8 @@ def followers(docs) -> dict:
 
 
 def test_successor_order_follows_each_phrase_with_one_of_its_successors():
-  spec = synthetic.PhraseSpec()
-  assert spec.order == 'successor' and spec.successors == 2
+  spec = synthetic.PhraseSpec(order='successor')
+  assert spec.successors == 2
   docs = synthetic.make_phrase_corpus(seed=1, book_seed=2, num_docs=50, n_bytes=N_BYTES, spec=spec)
   after = followers(docs)
   assert max(map(len, after.values())) == spec.successors and len(after) > spec.phrase_book // 2
