@@ -41,14 +41,14 @@ commands are):
   34.5 sampled. At seeds 2 and 3 it lowers bpb by 0.031 +- 0.003 and 0.042 +- 0.003 against
   uniform. At seed 1 stage 0 did not learn words (its ends at spaces: 0.18), so no end can reach a
   phrase end.
-- With the words given (600 steps, 83-110 s a run), the learned stage 1 keys on phrase ends at every seed, but on one of two
-  opposite sides: at seeds 1 and 4 of 0-7 it ends its chunks there (greedy precision 0.870 and
-  1.000 against a chance of 0.325 and 0.323; above the uniform control by 37.6 and 47.7 standard
-  errors greedy, 12.7 and 8.5 sampled, and above no_rl by 21.8 and 21.4 sampled). At the other six
-  it never ends one there (boundary probability 0.00-0.16 at phrase ends against 0.47-0.56 at the
-  other word ends). Learned minus uniform bpb lies between -0.017 and +0.009 on both sides: the
-  loss does not pick the side, the seed does (seed 1 takes the phrase ends, seed 0 the other side,
-  on every corpus tried: this one, sentence marks and successor order).
+- With the words given (600 steps, 83-110 s a run), the learned stage 1 keys on phrase ends at every
+  seed, but on one of two opposite sides: at seeds 1 and 4 of 0-7 it ends its chunks there (greedy
+  precision 0.870 and 1.000 against a chance of 0.325 and 0.323; above the uniform control by 37.6
+  and 47.7 standard errors greedy, 12.7 and 8.5 sampled, and above no_rl by 21.8 and 21.4 sampled).
+  At the other six it avoids them (boundary probability 0.00-0.16 at phrase ends against
+  0.47-0.56 at the other word ends). Learned minus uniform bpb lies between -0.017 and +0.009 on
+  both sides: the loss does not pick the side, the seed does (seed 1 takes the phrase ends, seed 0
+  the other side, on every corpus tried: this one, sentence marks and successor order).
 - The earlier book (`--book distinct`; results/synthetic/phrases_words/) let the words before a
   phrase's last word foretell its end, and five of six learning seeds closed phrases one word early.
 - With stage 0 learned too on the earlier book (results/synthetic/phrases_1500/), stage 1 closed

@@ -37,9 +37,10 @@ XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" py
 after a word, as the one-stage model does (greedy whitespace recall 1.00: "And |if |thou |fail |us,
 |all |our ||hope ||is ||done."); stage 1 at rate 0.327 with `ws lift +0.039 +- 0.004` (the last
 val line's batches: eval_val_8batches.md there), about ten standard errors above chance but far from
-words-into-phrases: it prefers gaps between words to line ends. Which side of the space stage 0 takes is set by the seed early in training: of seeds 0 to 7,
-five took the space side and two the word's last letter ("word| next", where whitespace recall
-counts nothing), and one was undecided at step 500; the one-stage model at this budget took the
+words-into-phrases: it prefers gaps between words to line ends. Which side of the space stage 0
+takes is set by the seed early in training: of seeds 0 to 7, five took the space side and two
+the word's last letter ("word| next", where whitespace recall counts nothing), and one was
+undecided at step 500; the one-stage model at this budget took the
 same side at each of those seven seeds (results/multistage/two_stage_config/). Other threading gives
 other floating-point sums and so another run: unpinned on 2 cores, the same command took 15m49s and
 ended at val bpb 2.222 +- 0.035, greedy whitespace recall 1.00 and `ws lift +0.032 +- 0.004`.

@@ -91,6 +91,11 @@ def phrase_run_names() -> tuple[str, ...]:
   return tuple(config_files.load_module('synthetic_two_stage').VARIANTS)
 
 
+# The choices of PhraseSpec.book, .marks_by and .order (documented there); the first is the default.
+BOOKS = ('prefixes', 'distinct')
+MARKS_BY = ('book', 'sentence')
+ORDERS = ('random', 'successor')
+
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
   _STEPS = flags.DEFINE_integer('steps', 800, 'Training steps of each run.')
   _DESIGN = flags.DEFINE_enum(
@@ -121,23 +126,23 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   )
   _BOOK = flags.DEFINE_enum(
       'book',
-      'prefixes',
-      ['prefixes', 'distinct'],
+      BOOKS[0],
+      BOOKS,
       "phrases: how the phrase book is drawn (PhraseSpec.book): 'prefixes' = every stem at every "
       "length, so a phrase's end shows only at its mark; 'distinct' = independent phrases, whose "
       'first words foretell the end (the book of the results before it).',
   )
   _MARKS_BY = flags.DEFINE_enum(
       'marks_by',
-      'book',
-      ['book', 'sentence'],
+      MARKS_BY[0],
+      MARKS_BY,
       "phrases: PhraseSpec.marks_by: 'book' = each phrase's own random mark; 'sentence' = '.' "
       "closes each block and its copy, ',' every other phrase.",
   )
   _ORDER = flags.DEFINE_enum(
       'order',
-      'random',
-      ['random', 'successor'],
+      ORDERS[0],
+      ORDERS,
       "phrases: PhraseSpec.order: 'random' = each phrase followed by any phrase of the book; "
       "'successor' = by one of its 2 fixed successors.",
   )
@@ -287,15 +292,17 @@ class PhraseSpec:
   max_words: int = 4
   marks: bytes = b',.'
   min_distance: int = 40
-  book: str = 'prefixes'
-  marks_by: str = 'book'
-  order: str = 'random'
+  book: str = BOOKS[0]
+  marks_by: str = MARKS_BY[0]
+  order: str = ORDERS[0]
   successors: int = 2
 
-
-BOOKS = ('prefixes', 'distinct')
-MARKS_BY = ('book', 'sentence')
-ORDERS = ('random', 'successor')
+  def __post_init__(self):
+    for field, choices in (('book', BOOKS), ('marks_by', MARKS_BY), ('order', ORDERS)):
+      if getattr(self, field) not in choices:
+        raise UserError(
+            f'unknown PhraseSpec.{field} {getattr(self, field)!r}; use one of {", ".join(choices)}.'
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,8 +322,6 @@ class PhraseDocument:
 def make_phrase_book(rng: np.random.Generator, spec: PhraseSpec) -> list[list[bytes]]:
   """`spec.phrase_book` distinct phrases, each a list of words; a phrase's last word carries its
   mark before the space (`spec.book` says how the phrases are drawn)."""
-  if spec.book not in BOOKS:
-    raise UserError(f'unknown phrase book {spec.book!r}; use one of {", ".join(BOOKS)}.')
   lexicon = make_lexicon(
       rng, CorpusSpec(lexicon_size=spec.lexicon_size, min_len=spec.min_len, max_len=spec.max_len)
   )
@@ -390,10 +395,6 @@ def make_phrase_corpus(
     seed: int, book_seed: int, num_docs: int, n_bytes: int, spec: PhraseSpec = PhraseSpec()
 ) -> list[PhraseDocument]:
   """num_docs documents drawn with `seed` over the phrase book drawn with `book_seed`."""
-  if spec.marks_by not in MARKS_BY:
-    raise UserError(f'unknown marks_by {spec.marks_by!r}; use one of {", ".join(MARKS_BY)}.')
-  if spec.order not in ORDERS:
-    raise UserError(f'unknown order {spec.order!r}; use one of {", ".join(ORDERS)}.')
   book_rng = np.random.default_rng(book_seed)
   book = make_phrase_book(book_rng, spec)
   successors = None
@@ -631,6 +632,7 @@ PHRASE_REFERENCES = {
 # two sides of a word ('word |next' or 'word| next'), each carries a phrase's span at a fixed offset;
 # the experiment reports each against its own chance level.
 PHRASE_SIDES = {'phrase': 'phrase_free', 'before': 'before_free', 'first': 'first_free'}
+OTHER_SIDES = {k: v for k, v in PHRASE_SIDES.items() if k != 'phrase'}  # Scored as '{side}_*'.
 PHRASE_MODES = ('greedy', 'sample')
 
 
@@ -727,18 +729,19 @@ def phrase_summary(cols: dict) -> dict:
       'rate1': (free1, free0),
       'phrase_precision1': (cols['L1_phrase_free_hits'], free1),
       'phrase_recall1': (cols['L1_phrase_free_hits'], cols['L1_phrase_free_refs']),
-      'before_precision0': (cols['L0_before_free_hits'], free0),
-      'before_precision1': (cols['L1_before_free_hits'], free1),
-      'first_precision0': (cols['L0_first_free_hits'], free0),
-      'first_precision1': (cols['L1_first_free_hits'], free1),
+      **{
+          f'{side}_precision{s}': (cols[f'L{s}_{ref}_hits'], (free0, free1)[s])
+          for side, ref in OTHER_SIDES.items()
+          for s in (0, 1)
+      },
   }.items():
     m[key], m[key + '_se'] = evaluation.share_and_se(num, den)
   m['lift'], m['lift_se'] = evaluation.paired_share_difference(
       cols['L1_phrase_free_hits'], free1, cols['L0_phrase_free_hits'], free0
   )
-  for side in ('before', 'first'):
+  for side, ref in OTHER_SIDES.items():
     m[f'{side}_lift'], m[f'{side}_lift_se'] = evaluation.paired_share_difference(
-        cols[f'L1_{side}_free_hits'], free1, cols[f'L0_{side}_free_hits'], free0
+        cols[f'L1_{ref}_hits'], free1, cols[f'L0_{ref}_hits'], free0
     )
   return m
 
@@ -852,8 +855,8 @@ def write_phrase_results(out: str, meta: dict, runs: dict, comparisons: list[dic
   ]
   head = (
       'run | mode | bpb +- s.e. | rate0 | word prec0 | word rec0 | rate1 | chance +- s.e. | '
-      'prec1 +- s.e. | lift +- s.e. | phrase rec1 | before: chance | prec1 | lift +- s.e. | '
-      'first: chance | prec1 | lift +- s.e.'
+      'prec1 +- s.e. | lift +- s.e. | phrase rec1 | '
+      + ' | '.join(f'{side}: chance | prec1 | lift +- s.e.' for side in OTHER_SIDES)
   )
   body = []
   for name, r in runs.items():
@@ -866,9 +869,9 @@ def write_phrase_results(out: str, meta: dict, runs: dict, comparisons: list[dic
           f'{f(m["phrase_precision1"], 3)} +- {f(m["phrase_precision1_se"], 3)} | '
           f'{f(m["lift"], 3)} +- {f(m["lift_se"], 3)} | {f(m["phrase_recall1"], 3)} | '
           + ' | '.join(
-              f'{f(m.get(f"{side}_precision0"), 3)} | {f(m.get(f"{side}_precision1"), 3)} | '
-              f'{f(m.get(f"{side}_lift"), 3)} +- {f(m.get(f"{side}_lift_se"), 3)}'
-              for side in ('before', 'first')
+              f'{f(m[f"{side}_precision0"], 3)} | {f(m[f"{side}_precision1"], 3)} | '
+              f'{f(m[f"{side}_lift"], 3)} +- {f(m[f"{side}_lift_se"], 3)}'
+              for side in OTHER_SIDES
           )
       )
   lines += ['## At the last step', '', *common.table(head, body), '']
@@ -884,7 +887,7 @@ def write_phrase_results(out: str, meta: dict, runs: dict, comparisons: list[dic
           (
               f'{name} | '
               + ' | '.join(
-                  f'{f(p.get(f"p1_{k}"), 3)} +- {f(p.get(f"p1_{k}_se"), 3)}'
+                  f'{f(p[f"p1_{k}"], 3)} +- {f(p[f"p1_{k}_se"], 3)}'
                   for k in ('phrase', ',', '.', 'other', 'gap')
               )
               for name, p in ((n, r['stage1_probs']) for n, r in runs.items())
