@@ -119,6 +119,34 @@ def test_micro_batches_of_one_row_are_rejected_under_the_batch_relative_baseline
     train_state.Trainer(config, mesh)
 
 
+def _two_stage(method0, baseline, stage_baseline, accum):
+  config = _config(method=method0, accum=accum)
+  config.model.stages = 2
+  config.stages.update(
+      method=('policy',),
+      target_rate=(0.4,),
+      capacity=(8,),
+      encoder_layers=(1,),
+      decoder_layers=(1,),
+      window=(0,),
+      baseline=(stage_baseline,),
+  )
+  config.estimator.baseline = baseline
+  return config
+
+
+def test_one_row_guard_reads_the_baseline_each_stage_uses():
+  mesh = sharding.make_mesh(_config().mesh)
+  # Stage 1 overrides the shared 'none' with 'batch': its advantages would all be 0.
+  with pytest.raises(UserError, match=r"stage 1's policy .*stages.baseline=\"\('none',\)\""):
+    train_state.Trainer(_two_stage('policy', 'none', 'batch', accum=8), mesh)
+  # estimator.baseline='batch' reaches no stage: stage 0's rule has no score function and stage 1
+  # overrides it, so one row per micro-batch is a valid batch.
+  train_state.Trainer(_two_stage('stride', 'batch', 'none', accum=8), mesh)
+  # Two rows per micro-batch are always valid.
+  train_state.Trainer(_two_stage('policy', 'none', 'batch', accum=4), mesh)
+
+
 @pytest.mark.parametrize('m', [1, 2, 4])
 def test_batch_relative_advantage_is_the_leave_one_out_advantage_scaled_by_one_minus_one_over_m(m):
   # The scale train_state's docstring states: over m rows, r - mean = (1 - 1/m) (r - others' mean).

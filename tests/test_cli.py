@@ -152,3 +152,29 @@ def test_unknown_config_variant_is_one_line_for_every_command_with_a_config(tmp_
     assert 'Traceback' not in err, (m, err[-2000:])
     (line,) = [l for l in err.splitlines() if l.startswith('error:')]
     assert "unknown config variant 'nosuch'" in line, (m, line)
+
+
+def test_unreachable_hub_is_one_line_before_training(tmp_path):
+  pytest.importorskip('datasets')
+  # A Hub address where nothing listens, so the test is offline wherever it runs.
+  proc = _run(
+      'tokjax.train',
+      '--config=configs/default.py',
+      '--config.data.corpus=hf:fineweb',
+      f'--config.train.workdir={tmp_path}/run',
+      env={'HF_ENDPOINT': 'http://127.0.0.1:9'},
+  )
+  assert proc.returncode == 2, proc.stderr.decode(errors='replace')[-3000:]
+  (line,) = _error_lines(proc)
+  assert "cannot reach the Hugging Face dataset 'HuggingFaceFW/fineweb'" in line
+  assert 'compiling' not in proc.stdout.decode()
+
+
+def test_prepare_into_an_unwritable_folder_is_one_line_with_the_shared_exit_code(tmp_path):
+  corpus = tmp_path / 'corpus.txt'
+  corpus.write_text('some text\n' * 100)
+  out = tmp_path / 'corpus.txt' / 'out'  # Under a file: no one can create it, root included.
+  proc = _run('tokjax.data.prepare', str(corpus), '--out', str(out), '--no_progress')
+  assert proc.returncode == 2
+  (line,) = _error_lines(proc)
+  assert line.startswith(f'error: cannot write to --out {out}')

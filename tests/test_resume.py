@@ -117,3 +117,53 @@ def test_curves_use_each_step_once_in_order():
   got = [(r['split'], r['step'], r['bpb']) for r in curve_rows(rows)]
   assert [g for g in got if g[0] == 'train'] == [('train', s, float(s)) for s in (1, 2, 3, 4, 5)]
   assert ('val', 4, 9.0) in got
+
+
+def _file_digests(folder):
+  import hashlib  # pylint: disable=g-import-not-at-top
+
+  return {
+      os.path.relpath(os.path.join(d, f), folder): hashlib.sha256(
+          open(os.path.join(d, f), 'rb').read()
+      ).hexdigest()
+      for d, _, files in os.walk(folder)
+      for f in files
+  }
+
+
+def test_resume_with_another_model_names_the_changed_fields_and_touches_no_checkpoint(
+    tiny_run, tmp_path
+):
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  from tokjax import checkpointing, sharding, train_state  # pylint: disable=g-import-not-at-top
+
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(tiny_run, workdir)
+  before = _file_digests(workdir)
+  proc = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'tokjax.train',
+          *tiny_flags(workdir, model__d_model=64, train__steps=9),
+          '--resume',
+      ],
+      cwd=REPO,
+      capture_output=True,
+      timeout=300,
+      check=False,
+  )
+  out = (proc.stdout + proc.stderr).decode(errors='replace')
+  assert proc.returncode == 2, out[-3000:]
+  # One line, on the model field only (train.steps may change on resume), and no damage reported.
+  assert out.strip().splitlines() == [out.strip()], out[-3000:]
+  assert out.startswith('error: ') and 'config.model.d_model: 32 saved, 64 now' in out, out
+  assert 'train.steps' not in out and 'unusable' not in out and 'train again' not in out, out
+  assert _file_digests(workdir) == before
+  # The run still resumes with its own config.
+  config = tiny_config(workdir)
+  mgr = checkpointing.manager(workdir)
+  trainer = train_state.Trainer(config, sharding.make_mesh(config.mesh))
+  _, step = checkpointing.restore(mgr, trainer.abstract_state, config=config)
+  assert step == 6

@@ -110,6 +110,58 @@ def read_config(mgr, step: int) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(drop_foreign_sections(cfg))
 
 
+# Sections a resumed run may change freely: how long and how often it runs and saves (train), and the
+# device layout (the state restores onto any mesh).
+RUN_CONTROL = ('train', 'mesh')
+
+
+def config_changes(saved, config) -> list[str]:
+  """'config.F: A saved, B now' for each field F outside `RUN_CONTROL` whose value differs between
+  the saved config and config (tuples and JSON's lists compare equal; a field only one has is
+  'absent' in the other)."""
+  missing = object()
+
+  def plain(v):
+    if isinstance(v, (dict, ml_collections.ConfigDict)):
+      return {k: plain(x) for k, x in v.items()}
+    return tuple(plain(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+  def walk(a, b, name):
+    if isinstance(a, dict) and isinstance(b, dict):
+      for k in sorted(set(a) | set(b)):
+        yield from walk(a.get(k, missing), b.get(k, missing), f'{name}.{k}')
+    elif a != b:
+      shown = lambda v: 'absent' if v is missing else repr(v)
+      yield f'{name}: {shown(a)} saved, {shown(b)} now'
+
+  a, b = plain(saved), plain(config)
+  return [
+      line
+      for k in sorted(set(a) | set(b))
+      if k not in RUN_CONTROL
+      for line in walk(a.get(k, missing), b.get(k, missing), f'config.{k}')
+  ]
+
+
+def _leaf_shapes(tree) -> dict[str, tuple]:
+  """{'params.decoder.block_0...': shape} of a pytree of arrays, abstract arrays or orbax metadata."""
+  name = lambda k: str(getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k))))
+  return {
+      '.'.join(map(name, path)): tuple(leaf.shape)
+      for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+  }
+
+
+def _state_fits(mgr, step: int, abstract_state) -> bool:
+  """Whether the state item of step holds arrays of abstract_state's tree and shapes, read from its
+  metadata alone (a restore that does not fit fails in orbax's threads, each with a traceback)."""
+  try:
+    saved = ocp.StandardCheckpointHandler().metadata(mgr.directory / str(step) / 'state')
+  except Exception as e:  # pylint: disable=broad-except
+    raise BadStep(f'its "state" item fails to load ({_first_line(e)})') from None
+  return _leaf_shapes(saved.tree) == _leaf_shapes(abstract_state)
+
+
 def _candidates(mgr, step: int | None) -> list[int]:
   steps = sorted(mgr.all_steps(), reverse=True)
   if step is None:
@@ -128,12 +180,17 @@ def _fallback(mgr, step: int, why: str, rest: list[int]) -> None:
   )
 
 
-def restore(mgr, abstract_state, data_iterator=None, step=None):
+def restore(mgr, abstract_state, data_iterator=None, step=None, config=None):
   """Restores (state, step) from `step`, or from the latest step that loads; advances
   data_iterator in place. Damaged steps are reported and skipped (see the module docstring).
 
-  Raises UserError when there is no checkpoint, when the demanded step is damaged, or when no step
-  loads.
+  config: the config of the run that resumes. A state that its saved config built and this one
+  cannot hold is no damage: it raises UserError naming the fields that differ (`config_changes`)
+  before any checkpoint is read further or skipped. Changes that the state fits are printed in one
+  note.
+
+  Raises UserError when there is no checkpoint, when the demanded step is damaged, when config
+  builds another state than the checkpoint holds, or when no step loads.
   """
   candidates = _candidates(mgr, step)
   if not candidates:
@@ -144,7 +201,18 @@ def restore(mgr, abstract_state, data_iterator=None, step=None):
       problem = step_problem(mgr.directory / str(s), items)
       if problem:
         raise BadStep(problem)
-      read_config(mgr, s)
+      saved = read_config(mgr, s)
+      changes = [] if config is None else config_changes(saved, config)
+      if not _state_fits(mgr, s, abstract_state):
+        if changes:
+          raise UserError(
+              f'the run in {mgr.directory} was trained with another config, and its checkpoints '
+              f'do not fit this one ({"; ".join(changes)}); resume with the saved values, or '
+              'train this config in a new --config.train.workdir.'
+          )
+        raise BadStep('its "state" item holds other arrays than the model being restored')
+      if changes:
+        print(f'note: resuming with a changed config ({"; ".join(changes)}).', flush=True)
       state = _load_item(mgr, s, 'state', ocp.args.StandardRestore(abstract_state))
       if data_iterator is not None:
         _load_item(mgr, s, 'data', grain.checkpoint.CheckpointRestore(data_iterator))

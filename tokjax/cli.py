@@ -1,5 +1,5 @@
 """Command-line plumbing shared by tokjax's entry points: flags parsed, a quiet terminal, and user
-mistakes reported as one `error: ...` line with exit code 2 instead of a traceback.
+mistakes reported as one `error: ...` line with `errors.USER_ERROR_EXIT` (2) instead of a traceback.
 
 Third-party INFO logs (absl, orbax, jax) are off by default: only warnings and errors show. absl's own
 `--verbosity` flag brings them back: `--verbosity=0` shows INFO, `--verbosity=1` DEBUG.
@@ -11,14 +11,14 @@ import sys
 
 from absl import app, flags, logging
 
+from tokjax import errors
 from tokjax.errors import Interrupted, UserError
 
 HELP_FLAGS = ('-h', '--help', '-?', '--helpshort', '--helpfull')
 
 
 def fail(message: str) -> None:
-  print(f'error: {message}', file=sys.stderr)
-  sys.exit(2)
+  sys.exit(errors.report(message))
 
 
 def quiet_logs() -> None:

@@ -13,7 +13,7 @@ import math
 
 import ml_collections
 
-from tokjax import config_defaults, estimator, train_state
+from tokjax import config_defaults, estimator, models, train_state
 from tokjax.data import pipeline
 from tokjax.errors import UserError
 from tokjax.models import registry, stage_views
@@ -66,5 +66,5 @@ def validate(config) -> None:
   estimator.validate(
       config,
       stages=stage_views.stage_count(config),
-      score_function=model_validation.trains_score_function(config),
+      score_function=models.trains_score_function(config, 0),
   )

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from tokjax import boundary_stats, estimator, models
-from tokjax.models import interface, registry, stage_views
+from tokjax.models import interface
 
 LN2 = math.log(2.0)
 
@@ -72,8 +72,7 @@ def counterfactual_stages(config) -> tuple[tuple[int, str], ...]:
   out = []
   for s in range(models.num_stages(config)):
     kind = estimator.stage_settings(config, s).reward
-    method = stage_views.stage_method(config, s)
-    if registry.get(method).score_function and estimator.counterfactual_mode(kind):
+    if models.trains_score_function(config, s) and estimator.counterfactual_mode(kind):
       out.append((s, kind))
   return tuple(out)
 
@@ -117,13 +116,13 @@ def flat_objective(model, params, batch, key, step):
 def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample', actions=None):
   """The paper's total loss for one batch with boundaries drawn by `mode` ('sample' in training).
 
-  cfg: the full config: cfg.estimator applies when the registry says cfg.boundary.method trains with
-  the score function. actions: the executed actions of the stages `mode` gives ('given', or a tuple
+  cfg: the full config: cfg.estimator applies when stage 0 trains with the score function
+  (`models.trains_score_function`). actions: the executed actions of the stages `mode` gives ('given', or a tuple
   of one mode per stage), as the model's __call__ takes them (exact-enumeration tests); one draw per
   sequence only. Returns (loss, (metrics, CE_full float32[B, L])).
   """
   est = cfg.estimator
-  score_function = registry.get(cfg.boundary.method).score_function
+  score_function = models.trains_score_function(cfg, 0)
   kwargs = {} if actions is None else {'actions': actions}
   if est.off_policy_steps > 0:
     kwargs['behavior'] = step < est.off_policy_steps
@@ -188,10 +187,9 @@ def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask, ce_base=None)
   s, alignment of its boundaries to whitespace and line ends, overflow.
   """
   bnd, valid = stage.boundaries, stage.valid.astype(jnp.float32)
-  method = registry.get(cfg.stages.method[s - 1])
   loss = bnd.aux_loss
   metrics = {'bpb_early': masked_mean(ce_early, mask) / LN2}
-  if method.score_function:
+  if models.trains_score_function(cfg, s):
     rl_loss, rl_metrics = estimator.score_function_terms(
         ce_full,
         ce_early if ce_base is None else ce_base,

@@ -327,7 +327,9 @@ def initial_state(config, trainer, data, mgr, key, resume: bool, step: int | Non
       )
     print(f'note: no checkpoint in {mgr.directory}; --resume starts a fresh run.', flush=True)
     return trainer.init(key), False
-  state, restored = checkpointing.restore(mgr, trainer.abstract_state, data.train_iter, step)
+  state, restored = checkpointing.restore(
+      mgr, trainer.abstract_state, data.train_iter, step, config=config
+  )
   newer = [s for s in mgr.all_steps() if s > restored]
   if newer:  # Damaged or abandoned steps: the resumed run writes its own.
     print(f'note: discarding checkpoint steps {sorted(newer)} after step {restored}.', flush=True)

@@ -7,12 +7,13 @@ one spreads over every data shard) and sums their gradients in a `lax.scan` insi
 so activations are held for B / n rows at a time. The step then applies mean_i grad(loss_i), where
 loss_i is the objective on micro-batch i with key fold_in(key, i). What couples rows of a batch is
 therefore computed per micro-batch, and this is how the accumulated step differs from the plain one:
-  - the score function's batch-relative baseline (estimator.baseline='batch') is the mean over the
-    micro-batch's m = B / n rows, not over all B (and leave-one-out groups stay within a micro-batch).
-    That mean includes the row's own reward, so the advantage is r - mean = (1 - 1/m) (r - mean of
-    the other m - 1 rows) = (1 - n/B) x the micro-batch's leave-one-out advantage (the plain step's
-    scale is 1 - 1/B); at B / n = 1 every advantage is 0, so `check_accumulation` rejects
-    micro-batches of one row under that baseline;
+  - the score function's batch-relative baseline ('batch': estimator.baseline, or stages.baseline
+    above stage 0) is the mean over the micro-batch's m = B / n rows, not over all B (and
+    leave-one-out groups stay within a micro-batch). That mean includes the row's own reward, so
+    the advantage is r - mean = (1 - 1/m) (r - mean of the other m - 1 rows) = (1 - n/B) x the
+    micro-batch's leave-one-out advantage (the plain step's scale is 1 - 1/B); at B / n = 1 every
+    advantage is 0, so `check_accumulation` rejects micro-batches of one row when any stage uses
+    that baseline;
   - the rate loss's stop-gradient controller uses the micro-batch's mean boundary probability;
   - boundaries are drawn with a key per micro-batch, so the draws differ from the plain step's;
   - masked means are per micro-batch, then averaged with equal weights: equal to the global mean when
@@ -29,9 +30,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tokjax import losses, models, sharding
+from tokjax import estimator, losses, models, sharding
 from tokjax.errors import UserError
-from tokjax.models import registry, stage_views
 
 
 @flax.struct.dataclass
@@ -91,7 +91,7 @@ class Trainer:
     self.model = models.build_model(config)
     self.tx = make_optimizer(config)
     b, l = config.data.batch_size, config.data.seq_len
-    self.accum_steps = check_accumulation(config, mesh, self.model.num_stages)
+    self.accum_steps = check_accumulation(config, mesh)
     self._init_args = self.model.init_args(b, l)
     with sharding.use(mesh, config.mesh):
       boxed = jax.eval_shape(self._boxed_state, jax.random.PRNGKey(0))
@@ -160,9 +160,9 @@ class Trainer:
       return self._eval_steps[mode].lower(params, batch, key)
 
 
-def check_accumulation(config, mesh, num_stages: int) -> int:
-  """config.optim.grad_accum_steps, checked against the batch and the mesh before compiling (for a
-  model of `num_stages` stages of boundaries)."""
+def check_accumulation(config, mesh) -> int:
+  """config.optim.grad_accum_steps, checked against the batch, each stage's baseline and the mesh
+  before compiling."""
   n = config.optim.get('grad_accum_steps', 1)
   b = config.data.batch_size
   if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -172,16 +172,18 @@ def check_accumulation(config, mesh, num_stages: int) -> int:
         f'config.optim.grad_accum_steps={n} does not divide config.data.batch_size={b}; choose a '
         f'divisor of {b} (micro-batches hold batch_size / grad_accum_steps rows).'
     )
-  if (
-      b // n == 1
-      and config.estimator.baseline == 'batch'
-      and _trains_score_function(config, num_stages)
-  ):
+  zeroed = _batch_baseline_stages(config) if b // n == 1 else ()
+  if zeroed:
+    s = zeroed[0]
+    own = s > 0 and len(config.stages.get('baseline', ()))
+    field = f'stages.baseline[{s - 1}]' if own else 'estimator.baseline'
+    other = tuple('none' if v == 'batch' else v for v in config.stages.get('baseline', ()))
+    fix = f'--config.stages.baseline="{other}"' if own else '--config.estimator.baseline=rloo'
     raise UserError(
         f'micro-batches of one row (data.batch_size={b} / optim.grad_accum_steps={n}) make every '
-        "batch-relative advantage 0 (estimator.baseline='batch' subtracts the row's own reward), "
-        'so the policy gets no gradient; use at least 2 rows per micro-batch or '
-        '--config.estimator.baseline=rloo.'
+        f"batch-relative advantage 0 ({field}='batch' subtracts the row's own reward), so stage "
+        f"{s}'s policy gets no gradient; use at least 2 rows per micro-batch or another baseline: "
+        f'{fix}.'
     )
   shards = mesh.shape['data'] * mesh.shape['fsdp']
   if (b // n) % shards:
@@ -193,11 +195,14 @@ def check_accumulation(config, mesh, num_stages: int) -> int:
   return n
 
 
-def _trains_score_function(config, num_stages: int) -> bool:
-  """Whether some of the num_stages levels of boundaries is trained by the score function (and so
-  by its baseline)."""
-  return any(
-      registry.get(stage_views.stage_method(config, s)).score_function for s in range(num_stages)
+def _batch_baseline_stages(config) -> tuple[int, ...]:
+  """The stages trained by the score function with the batch-relative baseline, as each stage reads
+  its baseline (`estimator.stage_settings`: config.stages.baseline above stage 0 where given)."""
+  return tuple(
+      s
+      for s in range(models.num_stages(config))
+      if models.trains_score_function(config, s)
+      and estimator.stage_settings(config, s).baseline == 'batch'
   )
 
 

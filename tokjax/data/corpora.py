@@ -245,11 +245,39 @@ def _import_datasets():
   return datasets
 
 
+def _hub_problem(path: str, spec: str, e: Exception) -> str:
+  reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+  return (
+      f"cannot reach the Hugging Face dataset {path!r} for corpus {spec!r} ({reason}); connect to "
+      "the Hub, or train on local data: a file, a folder, 'hf:PATH.parquet', or a folder that "
+      "`python -m tokjax.data.prepare SPEC --out DIR` wrote on a connected machine "
+      "(--config.data.corpus=prepared:DIR)"
+  )
+
+
+def _check_hub(path: str, spec: str) -> None:
+  """UserError at once when the Hub does not answer for dataset `path`: `datasets` would retry for
+  about half a minute, logging each try, and end in a ConnectionError traceback. One request to the
+  Hub's API, made as `datasets` makes its own (HF_ENDPOINT, proxies, token, offline mode)."""
+  import huggingface_hub  # pylint: disable=g-import-not-at-top  (a dependency of `datasets`)
+
+  try:
+    huggingface_hub.HfApi().dataset_info(path)
+  except Exception as e:  # pylint: disable=broad-except
+    # Unreachable, offline mode, not found, gated: each means load_dataset cannot stream it.
+    raise UserError(_hub_problem(path, spec, e)) from None
+
+
 def _hf_documents(spec: str) -> Iterator[bytes]:
   name = spec.removeprefix("hf:")
   if name in _HF_STREAMS:
     path, config_name, field, min_bytes = _HF_STREAMS[name]
-    rows = _import_datasets().load_dataset(path, name=config_name, split="train", streaming=True)
+    datasets = _import_datasets()
+    _check_hub(path, spec)
+    try:
+      rows = datasets.load_dataset(path, name=config_name, split="train", streaming=True)
+    except ConnectionError as e:
+      raise UserError(_hub_problem(path, spec, e)) from None
     return (d for d in _field_documents(rows, field, spec) if len(d) > min_bytes)
   file, _, field = name.partition("#")
   file = Path(file).expanduser()

