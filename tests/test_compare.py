@@ -95,13 +95,23 @@ def test_compare_runs_methods_end_to_end(tmp_path, toy_method):
   assert set(SOME_METHODS) <= set(common.method_names())
   assert [r['method'] for r in results] == SOME_METHODS
   table = (out / 'results.md').read_text()
-  rows = [line for line in table.splitlines() if line.startswith('| ') and '---' not in line][1:]
+  first = table.split('## Paired')[0]
+  rows = [line for line in first.splitlines() if line.startswith('| ') and '---' not in line][1:]
   assert [r.split('|')[1].strip() for r in rows] == SOME_METHODS
   data = json.loads((out / 'results.json').read_text())
   for r in data['methods']:
     assert math.isfinite(r['test']['bpb']) and 0 < r['test']['bpb'] < 10, r['method']
     assert r['test']['documents'] == 2
   by = {r['method']: r for r in data['methods']}
+  # Paired to the policy on the same windows (one per 512-byte document here), clustered by document.
+  paired = {(p['method'], p['split']): p for p in data['paired']}
+  assert set(paired) == {(m, s) for m in SOME_METHODS[1:] for s in ('val', 'test')}
+  for (m, split), p in paired.items():
+    assert p['diff'] == pytest.approx(by[m][split]['bpb'] - by['policy'][split]['bpb'], abs=1e-9)
+    assert p['units'] == p['documents'] == 2
+    assert p['clustered_se'] == pytest.approx(p['se'], rel=1e-9)
+    assert p['verdict'] == evaluation.verdict(p['diff'], p['clustered_se'], None)
+  assert '## Paired differences to policy' in table and '| clustered s.e. |' in table
   # The added rule, given its config section, trains without a policy gradient and hits its
   # definition on the held-out passage: every chunk but the last (closed by the forced final
   # boundary) ends on a punctuation byte, one comma per 78 bytes of this corpus.

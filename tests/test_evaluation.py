@@ -133,6 +133,52 @@ def test_evaluator_units_add_up_to_its_documents(tmp_path):
   )
   assert len(by_doc['unit_ce']) == len(docs) and sum(by_win['unit_bytes']) == by_doc['bytes']
   assert by_win['bpb'] == pytest.approx(by_doc['bpb'], rel=1e-9)
+  # Each window carries its document: the clustered error of the windows is the documents' error.
+  assert by_win['unit_documents'] == doc_of_unit.tolist()
+  assert by_doc['unit_documents'] == list(range(len(docs)))
+  assert evaluation.ratio_and_se(
+      np.bincount(by_win['unit_documents'], weights=by_win['unit_ce']),
+      np.bincount(by_win['unit_documents'], weights=by_win['unit_bytes']),
+  )[1] == pytest.approx(by_doc['bpb_se'], rel=1e-6)
+
+
+def test_clustered_error_sees_a_shared_per_document_effect_that_the_window_error_misses():
+  """40 documents of 16 windows whose differences share a per-document effect: the windows are not
+  independent, so the window s.e. is far below the clustered one, which is the ratio estimator on
+  the per-document sums; one window per document makes the two the same."""
+  rng = np.random.default_rng(0)
+  docs, windows = 40, 16
+  documents = np.repeat(np.arange(docs), windows)
+  nbytes = np.full(docs * windows, 2048.0)
+  doc_effect = rng.normal(0.0, 0.05, docs)[documents]  # Nats per byte, shared by a document.
+  ce_b = rng.uniform(1.0, 2.0, docs * windows) * nbytes
+  ce_a = ce_b + (0.01 + doc_effect + rng.normal(0.0, 0.01, docs * windows)) * nbytes
+  p = evaluation.paired_difference(ce_a, ce_b, nbytes, documents)
+  assert p['diff'] == evaluation.paired_difference(ce_a, ce_b, nbytes)['diff']
+  assert p['clustered_se'] > 2.5 * p['se'] and p['documents'] == docs
+  per_doc = lambda x: np.bincount(documents, weights=x)
+  assert p['clustered_se'] == pytest.approx(
+      evaluation.ratio_and_se(per_doc(ce_a - ce_b), per_doc(nbytes))[1], rel=1e-12
+  )
+  # The window error would call this difference found; the clustered error does not.
+  assert abs(p['diff']) > 2 * p['se'] and evaluation.verdict(
+      p['diff'], p['clustered_se'], None
+  ) == ('not found')
+  alone = evaluation.paired_difference(ce_a, ce_b, nbytes, np.arange(docs * windows))
+  assert alone['clustered_se'] == pytest.approx(alone['se'], rel=1e-12)
+  with pytest.raises(ValueError, match='document ids'):
+    evaluation.paired_difference(ce_a, ce_b, nbytes, documents[:-1])
+
+
+def test_the_seed_rule_judges_by_the_larger_of_the_clustered_and_the_seed_error():
+  assert evaluation.judged_se(0.01, None) == 0.01 and evaluation.judged_se(0.01, 0.03) == 0.03
+  assert evaluation.verdict(0.05, 0.01, 0.02) == 'found'
+  assert evaluation.verdict(-0.05, 0.01, 0.02) == 'found'
+  assert evaluation.verdict(0.05, 0.01, 0.03) == 'not found'  # 0.05 < 2 x 0.03 (the seed error).
+  assert evaluation.verdict(0.05, 0.03, 0.01) == 'not found'  # 0.05 < 2 x 0.03 (clustered).
+  assert evaluation.verdict(0.05, 0.01, None) == 'one seed'
+  assert evaluation.verdict(0.01, 0.01, None) == 'not found'
+  assert evaluation.verdict(0.05, math.nan, 0.01) == 'not found'
 
 
 def test_evaluator_scores_a_callers_reference_at_every_level_from_its_counts(tiny_two_stage_run):

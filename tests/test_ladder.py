@@ -1,8 +1,10 @@
-"""The budget ladder: paired statistics over seeds, and a stopped ladder resuming exactly."""
+"""The budget ladder: paired statistics over matched seeds with the seed rule, a stopped ladder resuming
+exactly, and finished runs packed to their result.json."""
 
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,12 +15,14 @@ import pytest
 
 from tokjax import config_files, evaluation
 from tokjax.errors import UserError
-from tokjax.lab import ladder
+from tokjax.lab import ladder, ladder_report
 
 
-def _result(method, seed, unit_ce, bpb, budget=1e6):
+def _result(method, seed, unit_ce, bpb, budget=1e6, documents=None):
   nbytes = [100] * len(unit_ce)
+  documents = list(range(len(unit_ce))) if documents is None else documents
   split = {'bpb': bpb, 'bpb_se': 0.01, 'unit_ce': unit_ce, 'unit_bytes': nbytes, 'rate': 0.2}
+  split['unit_documents'] = documents
   return {
       'run': dict(method=method, budget=budget, seed=seed, seq_len=256, lr=2e-3),
       'val': dict(split),
@@ -32,19 +36,64 @@ def _result(method, seed, unit_ce, bpb, budget=1e6):
   }
 
 
-def test_paired_over_seeds_averages_units_over_matching_seeds():
-  a = [_result('hnet', 0, [10.0, 20.0, 30.0], 2.0), _result('hnet', 1, [12.0, 22.0, 28.0], 2.1)]
-  b = [_result('policy', 1, [11.0, 19.0, 27.0], 2.05), _result('policy', 0, [9.0, 21.0, 33.0], 1.9)]
-  p = ladder.paired_over_seeds(a, b, 'test')
+def test_paired_over_seeds_averages_units_over_matching_seeds_and_clusters_them_by_document():
+  docs = [0, 0, 1, 2]  # Windows 0 and 1 belong to one document.
+  a = [
+      _result('hnet', s, ce, bpb, documents=docs)
+      for s, ce, bpb in ((0, [10.0, 20.0, 30.0, 5.0], 2.0), (1, [12.0, 22.0, 28.0, 6.0], 2.1))
+  ]
+  b = [
+      _result('policy', s, ce, bpb, documents=docs)
+      for s, ce, bpb in ((1, [11.0, 19.0, 27.0, 5.0], 2.05), (0, [9.0, 21.0, 33.0, 4.0], 1.9))
+  ]
+  b.append(_result('policy', 2, [1.0, 1.0, 1.0, 1.0], 0.5, documents=docs))  # hnet has no seed 2.
+  p = ladder_report.paired_over_seeds(a, b, 'test')
   want = evaluation.paired_difference(
-      np.mean([[10, 20, 30], [12, 22, 28]], axis=0),
-      np.mean([[9, 21, 33], [11, 19, 27]], axis=0),
-      [100, 100, 100],
+      np.mean([[10, 20, 30, 5], [12, 22, 28, 6]], axis=0),
+      np.mean([[9, 21, 33, 4], [11, 19, 27, 5]], axis=0),
+      [100] * 4,
+      docs,
   )
   assert p['diff'] == pytest.approx(want['diff']) and p['se'] == pytest.approx(want['se'])
+  assert p['clustered_se'] == pytest.approx(want['clustered_se']) and p['documents'] == 3
   # Seeds are matched by number, not by order: per-seed differences 2.0 - 1.9 and 2.1 - 2.05.
-  assert p['seed_se'] == pytest.approx(np.std([0.1, 0.05], ddof=1) / math.sqrt(2))
-  assert p['seeds'] == 2
+  seed_se = np.std([0.1, 0.05], ddof=1) / math.sqrt(2)
+  assert p['seed_se'] == pytest.approx(seed_se) and p['seeds'] == [0, 1]
+  assert p['judged_se'] == pytest.approx(max(want['clustered_se'], seed_se))
+  assert p['verdict'] == evaluation.verdict(p['diff'], p['clustered_se'], p['seed_se'])
+
+
+def test_pairing_refuses_seed_sets_that_share_no_seed():
+  a = [_result('hnet', 0, [10.0, 20.0], 2.0), _result('hnet', 1, [12.0, 22.0], 2.1)]
+  b = [_result('policy', 2, [11.0, 19.0], 2.05)]
+  with pytest.raises(
+      UserError, match=r'hnet \(seeds \[0, 1\]\) and policy \(seeds \[2\]\) share no seed'
+  ):
+    ladder_report.paired_over_seeds(a, b, 'test')
+  with pytest.raises(UserError, match='no seed to pair'):
+    ladder_report.summarize(a + b, 'policy')
+
+
+def test_every_column_of_a_row_uses_the_seeds_it_shares_with_the_reference():
+  policy = [_result('policy', s, [10.0, 10.0], 2.0) for s in (0, 1, 2)]
+  hnet = [_result('hnet', s, [11.0 + s, 11.0], 2.1 + s) for s in (0, 1)]
+  lone = _result('hnet', 3, [99.0, 99.0], 9.0)  # The policy has no seed 3: left out everywhere.
+  (row,) = [
+      r for r in ladder_report.summarize(policy + hnet + [lone], 'policy') if r['method'] == 'hnet'
+  ]
+  assert row['seeds'] == [0, 1]
+  assert row['test_bpb'] == pytest.approx(2.6) and row['val_bpb'] == pytest.approx(2.6)
+  assert row['paired']['seeds'] == [0, 1]
+  assert row['paired']['diff'] == pytest.approx(2.5 / 200 / math.log(2))
+
+
+def test_the_lr_is_picked_over_the_seeds_every_lr_has():
+  runs = [_result('policy', 0, [10.0, 10.0], 2.0), _result('policy', 1, [10.0, 10.0], 1.0)]
+  other = _result('policy', 0, [10.0, 10.0], 1.9)
+  other['run']['lr'] = 4e-3
+  # Over both seeds lr 2e-3 averages 1.5, but on seed 0, the only one both lrs have, 4e-3 is better.
+  rows = ladder_report.summarize(runs + [other], 'policy')
+  assert ladder_report.best_lrs(rows) == {'policy': 4e-3}
 
 
 def test_summarize_pairs_every_method_with_the_reference_at_its_best_lr():
@@ -52,11 +101,11 @@ def test_summarize_pairs_every_method_with_the_reference_at_its_best_lr():
   worse = _result('policy', 0, [50.0, 50.0], 9.0)
   worse['run']['lr'] = 1e-3
   worse['val']['bpb'] = 9.0
-  rows = ladder.summarize(results + [worse], 'policy')
+  rows = ladder_report.summarize(results + [worse], 'policy')
   uni = next(r for r in rows if r['method'] == 'uniform')
   assert uni['paired']['diff'] == pytest.approx(3.0 / 200 / math.log(2))
   assert uni['paired']['a_better'] == 0.0
-  assert ladder.best_lrs(rows) == {'policy': 2e-3, 'uniform': 2e-3}
+  assert ladder_report.best_lrs(rows) == {'policy': 2e-3, 'uniform': 2e-3}
 
 
 def _ladder(out, *extra, methods='policy'):
@@ -77,22 +126,43 @@ def _run_dir(out, method='policy'):
   return os.path.join(out, 'runs', name)
 
 
+def _noisy(method, seed, base, shift, budget):
+  """A run whose 4 windows (2 documents) are base + shift nats, the shift seed-dependent."""
+  ce = [x + shift for x in base]
+  return _result(method, seed, ce, sum(ce) / 400 / math.log(2), budget, documents=[0, 0, 1, 1])
+
+
 def test_trend_fits_each_paired_difference_over_budgets_and_checks_the_papers_ordering():
-  results = [_result('policy', 0, [10.0, 10.0], 2.0, b) for b in (1e6, 4e6)]
-  results += [_result('bpe', 0, [9.0, 9.0], 1.9, 1e6), _result('bpe', 0, [9.5, 9.5], 1.95, 4e6)]
-  results += [_result(m, 0, [11.0, 11.0], 2.1, 4e6) for m in ('hnet', 'uniform')]
-  t = ladder.trend(ladder.summarize(results, 'policy'), 'policy')[256]
+  base = [10.0, 12.0, 9.0, 11.0]
+  results = [_noisy('policy', s, base, 0.0, b) for b in (1e6, 4e6) for s in (0, 1)]
+  results += [_noisy('bpe', s, base, -1.0, 1e6) for s in (0, 1)]
+  results += [_noisy('bpe', s, base, -0.5 - 0.1 * s, 4e6) for s in (0, 1)]
+  results += [_noisy(m, s, base, 1.0 + 0.1 * s, 4e6) for m in ('hnet', 'uniform') for s in (0, 1)]
+  t = ladder_report.trend(ladder_report.summarize(results, 'policy'), 'policy')[256]
   nats_to_bpb = 1 / 100 / math.log(2)  # One nat more per 100-byte unit.
   assert t['rungs'][1e6]['bpe'][0] == pytest.approx(-nats_to_bpb)
   slope, crossing = t['fits']['bpe']
-  # Half the gap closes per 4x budget: the line reaches 0 one more 4x step on, at 1.6e7 bytes.
-  assert slope == pytest.approx(nats_to_bpb / 2) and crossing == pytest.approx(1.6e7)
+  # Half the gap (and a bit) closes per 4x budget: the line reaches 0 one more 4x step on.
+  assert slope == pytest.approx(0.45 * nats_to_bpb) and crossing == pytest.approx(
+      4e6 * 4 ** (0.55 / 0.45)
+  )
   assert 'hnet' not in t['fits']  # One budget only: no line.
-  # At 1e6 H-Net and uniform are missing; at 4e6 BPE-guided still beats the policy.
-  assert t['ordering'] == {1e6: None, 4e6: False}
-  results[3] = _result('bpe', 0, [10.0, 10.0], 2.0, 4e6)
-  t = ladder.trend(ladder.summarize(results, 'policy'), 'policy')[256]
-  assert t['ordering'][4e6] is True and t['fits']['bpe'][1] is None  # At 0: nothing to reach.
+  # At 1e6 H-Net and uniform are missing; at 4e6 BPE-guided is found better than the policy.
+  assert t['rungs'][4e6]['bpe'][2] == 'found'
+  assert t['ordering'] == {1e6: 'not all run', 4e6: 'does not hold'}
+  results = [r for r in results if not (r['run']['method'] == 'bpe' and r['run']['budget'] == 4e6)]
+  results += [_noisy('bpe', s, base, 0.0, 4e6) for s in (0, 1)]
+  t = ladder_report.trend(ladder_report.summarize(results, 'policy'), 'policy')[256]
+  assert t['ordering'][4e6] == 'holds' and t['fits']['bpe'][1] is None  # At 0: nothing to reach.
+  # With one seed the seed error is unknown: the same differences only count as 'one seed'.
+  one = [r for r in results if r['run']['seed'] == 0]
+  t = ladder_report.trend(ladder_report.summarize(one, 'policy'), 'policy')[256]
+  assert t['ordering'][4e6] == 'one seed' and t['rungs'][4e6]['hnet'][2] == 'one seed'
+  # A seed spread as large as the difference: H-Net's lead is no longer found.
+  noisy = [r for r in results if r['run']['method'] != 'hnet']
+  noisy += [_noisy('hnet', s, base, 1.0 + 3.0 * s, 4e6) for s in (0, 1)]
+  t = ladder_report.trend(ladder_report.summarize(noisy, 'policy'), 'policy')[256]
+  assert t['rungs'][4e6]['hnet'][2] == 'not found' and t['ordering'][4e6] == 'does not hold'
 
 
 @pytest.fixture(scope='module')
@@ -201,6 +271,35 @@ def test_a_job_on_two_cores_splits_the_batch_over_two_devices_and_trains_the_sam
   np.testing.assert_allclose(losses, [r['loss'] for r in ref_logged if 'loss' in r], rtol=1e-4)
 
 
+def test_a_packed_run_is_its_result_json_and_reports_as_before(tmp_path, uninterrupted):
+  whole = uninterrupted()
+  out = tmp_path / 'study' / 'stdlib'
+  shutil.copytree(whole / 'runs', out / 'runs', ignore=shutil.ignore_patterns('checkpoints'))
+  run, scoring = ladder.read_spec(_run_dir(out))
+  before = ladder_report.summarize(ladder.load_results(str(whole), [run]), 'policy')
+  # A run scored before results carried their windows' documents: pack derives them from the split.
+  path = os.path.join(_run_dir(out), 'result.json')
+  with open(path) as f:
+    r = json.load(f)
+  want = {s: r[s].pop('unit_documents') for s in ('val', 'test')}
+  assert len(want['test']) > len(want['val'])  # Another split would not fit the units.
+  with open(path, 'w') as f:
+    json.dump(r, f)
+
+  assert ladder.pack(str(tmp_path / 'study')) == 1
+  assert os.listdir(_run_dir(out)) == ['result.json']
+  with open(path) as f:
+    r = json.load(f)
+  assert {s: r[s]['unit_documents'] for s in ('val', 'test')} == want
+  assert ladder.read_spec(_run_dir(out)) == (run, scoring)  # From result.json alone.
+  assert ladder.status(str(out), run, scoring) == 'done'
+  after = ladder_report.summarize(ladder.load_results(str(out), [run]), 'policy')
+  assert json.dumps(after) == json.dumps(before)  # NaN (one document: no s.e.) included.
+  meta = dict(corpus='stdlib', command='', reference='policy', unit_bytes=2048, target_rate=0.2)
+  ladder_report.write_outputs(str(out), after, meta, markdown=False)
+  assert sorted(os.listdir(out)) == ['ladder.png', 'results.json', 'runs']
+
+
 def test_bad_ladder_flags_get_one_line(tmp_path):
   bad_table = tmp_path / 'lr.json'
   bad_table.write_text('{"policy": "fast"}')
@@ -215,6 +314,8 @@ def test_bad_ladder_flags_get_one_line(tmp_path):
       (['--cores_per_job', '3'], '--cores_per_job=3 must divide the batch of 16'),
       (['--cores_per_job', '4', '--set', 'data.batch_size=6'], 'must divide the batch of 6'),
       (['--cores_per_job', '0'], '--cores_per_job=0 must be at least 1'),
+      (['--corpus', str(tmp_path / 'nosuch')], 'does not exist'),
+      (['--cross', str(tmp_path / 'nosuch')], 'does not exist'),
   ]
   # Side by side: each command is all start-up (importing jax), and those overlap.
   procs = [

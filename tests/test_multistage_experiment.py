@@ -4,9 +4,10 @@ statistics), its two-level rendering, and the paper-scale two-stage configs' FLO
 import json
 import math
 
+import numpy as np
 import pytest
 
-from tokjax import config_files, config_validation, flops
+from tokjax import config_files, config_validation, evaluation, flops
 from tokjax.lab import multistage
 from tokjax.models import stage_views
 
@@ -32,6 +33,7 @@ def test_multistage_trains_runs_at_equal_flops_and_reports_each_level(tmp_path):
       tiny=True,
       eval_cap=(2, 256),
       command='test',
+      unit_bytes=64,
   )
   assert set(runs) < set(multistage.RUNS)
   assert [r['run'] for r in results] == runs
@@ -66,15 +68,21 @@ def test_multistage_trains_runs_at_equal_flops_and_reports_each_level(tmp_path):
       assert r['levels'][1]['boundaries'] <= r['levels'][0]['boundaries']
   assert '## Boundaries per level' in readme and '| learned | 1 |' in readme
   assert all(f'### {run} (' in readme for run in runs)
-  # Paired to the one-stage run on the same bytes: per document, the difference of the pooled bpb.
-  paired = {(p['split'], p['unit']): p for p in data['paired'] if p['run'] == 'learned'}
-  assert set(paired) == {(s, u) for s in ('val', 'test') for u in ('document', '2048 B')}
-  for split in ('val', 'test'):
-    whole = by['learned'][split]['bpb'] - by['one_stage'][split]['bpb']
-    for unit in ('document', '2048 B'):
-      assert paired[split, unit]['diff'] == pytest.approx(whole, abs=1e-9)
-    assert paired[split, 'document']['units'] == by['learned'][split]['documents']
-  assert '## Paired differences to the one-stage run' in readme
+  # Paired to the one-stage run on the same bytes: per window the difference of the pooled bpb,
+  # its clustered error the per-document one.
+  paired = {p['split']: p for p in data['paired'] if p['run'] == 'learned'}
+  assert set(paired) == {'val', 'test'} and {p['unit'] for p in paired.values()} == {'64 B'}
+  for split, p in paired.items():
+    a, b = by['learned'][split], by['one_stage'][split]
+    assert p['diff'] == pytest.approx(a['bpb'] - b['bpb'], abs=1e-9)
+    assert p['documents'] == a['documents'] < p['units']
+    per_doc = lambda x, d=a['unit_documents']: np.bincount(d, weights=x)
+    by_doc = evaluation.paired_difference(
+        per_doc(a['unit_ce']), per_doc(b['unit_ce']), per_doc(a['unit_bytes'])
+    )
+    assert p['clustered_se'] == pytest.approx(by_doc['se'], rel=1e-9)
+    assert p['verdict'] == evaluation.verdict(p['diff'], p['clustered_se'], None)
+  assert '## Paired differences to the one-stage run' in readme and '| clustered s.e. |' in readme
 
 
 def test_seq_len_grows_every_chunk_buffer_with_the_sequence():

@@ -13,7 +13,8 @@ batches):
   unit_ce, unit_bytes
            per scoring unit (a document, or with `unit_bytes=W` each fixed window of W bytes of a
            document, in order), the summed cross-entropy in nats and the number of scored bytes:
-           what paired comparisons of two models on the same units need (`paired_difference`).
+           what paired comparisons of two models on the same units need (`paired_difference`);
+           unit_documents: the document of each unit, to cluster those comparisons by document.
   rate, bytes_per_chunk, whitespace_{precision,recall,f1}, bpe_{precision,recall,f1}, chunk_hist
            boundary statistics over the positions whose target is a real byte (mask 1), forced
            boundaries included: the same positions as the training metrics of `losses.boundary_metrics`.
@@ -132,19 +133,24 @@ def unit_documents(docs, unit_bytes: int = 0) -> np.ndarray:
   return np.repeat(np.arange(len(docs), dtype=np.int32), per_doc)
 
 
-def paired_difference(ce_a, ce_b, nbytes) -> dict:
-  """Model a minus model b in bits-per-byte on the same units, with its paired standard error.
+def paired_difference(ce_a, ce_b, nbytes, documents=None) -> dict:
+  """Model a minus model b in bits-per-byte on the same units, with its paired standard errors.
 
   Args:
     ce_a, ce_b: float[U], each unit's summed cross-entropy in nats under a and under b.
     nbytes: float[U], each unit's scored bytes (the same for both); units with none are left out.
+    documents: optional int[U], the document of each unit (`unit_documents`).
 
   Returns:
     {'diff': bpb(a) - bpb(b) (pooled over bytes), 'se': its standard error by the ratio estimator on
     the per-unit differences ce_a - ce_b (`ratio_and_se`), 'a_better': the share of units on which
-    a has the lower cross-entropy, 'b_better': the same for b, 'units': U}. Because both models are
-    scored on the same units, the variation between units that both share cancels: se is usually
-    far below either model's own bpb_se.
+    a has the lower cross-entropy, 'b_better': the same for b, 'units': U}; with documents also
+    'clustered_se', the same estimator on the differences summed per document, and 'documents'.
+    Because both models are scored on the same units, the variation between units that both share
+    cancels: se is usually far below either model's own bpb_se. The windows of one document share
+    its topic, style and length, so their differences are correlated and se, which treats them as
+    independent, is too small by about sqrt(1 + (m - 1) rho) for m windows of correlation rho:
+    clustered_se is the error to judge a difference by.
   """
   ce_a, ce_b = np.asarray(ce_a, np.float64), np.asarray(ce_b, np.float64)
   nbytes = np.asarray(nbytes, np.float64)
@@ -153,13 +159,41 @@ def paired_difference(ce_a, ce_b, nbytes) -> dict:
   keep = nbytes > 0
   diff, se = ratio_and_se(ce_a[keep] - ce_b[keep], nbytes[keep])
   units = int(keep.sum())
-  return {
+  out = {
       'diff': diff,
       'se': se,
       'a_better': float(np.mean(ce_a[keep] < ce_b[keep])) if units else math.nan,
       'b_better': float(np.mean(ce_b[keep] < ce_a[keep])) if units else math.nan,
       'units': units,
   }
+  if documents is not None:
+    documents = np.asarray(documents, np.int64)
+    if documents.shape != nbytes.shape:
+      raise ValueError(f'{documents.shape} document ids for {nbytes.shape} units')
+    per_doc = lambda x: np.bincount(documents, weights=x)
+    doc_bytes = per_doc(nbytes)
+    out['clustered_se'] = ratio_and_se(per_doc(ce_a - ce_b), doc_bytes)[1]
+    out['documents'] = int(np.sum(doc_bytes > 0))
+  return out
+
+
+FOUND_BY = 2.0  # A difference is found when it exceeds this many of `judged_se`'s errors.
+
+
+def judged_se(clustered_se: float, seed_se: float | None) -> float:
+  """The error a paired difference is judged by: the larger of its document-clustered error
+  (`paired_difference`) and the standard error of its per-seed differences (None: one seed, which
+  has none, and the clustered error stands alone)."""
+  return clustered_se if seed_se is None else max(clustered_se, seed_se)
+
+
+def verdict(diff: float, clustered_se: float, seed_se: float | None) -> str:
+  """'found' when |diff| > FOUND_BY x `judged_se` with two seeds or more; 'one seed' when it
+  exceeds FOUND_BY clustered errors but a single seed leaves the seed error unknown; else 'not
+  found' (inside the errors, or an error is NaN)."""
+  if not abs(diff) > FOUND_BY * judged_se(clustered_se, seed_se):
+    return 'not found'
+  return 'one seed' if seed_se is None else 'found'
 
 
 def _forward(model, mode, params, batch, key):
@@ -220,7 +254,8 @@ class Evaluator:
     return the sums behind the boundary statistics. A flat model has only 'sample'.
 
     Returns:
-      {mode: {'bpb', 'bpb_se', 'documents', 'bytes', 'unit_ce', 'unit_bytes'} + for a hierarchical model 'rate',
+      {mode: {'bpb', 'bpb_se', 'documents', 'bytes', 'unit_ce', 'unit_bytes', 'unit_documents'} +
+      for a hierarchical model 'rate',
       'bytes_per_chunk', 'whitespace_{precision,recall,f1}', 'line_{precision,recall}', 'chunk_hist'
       and, with bpe_starts, 'bpe_{precision,recall,f1}'; with S > 1 stages the same boundary
       statistics (BPE's aside) of each stage s >= 1 prefixed 'stage{s}_' (see the module docstring);
@@ -242,7 +277,11 @@ class Evaluator:
     refs = boundary_stats.with_references(references)
     bpe = boundary_stats.stream_reference(bpe_starts) if bpe_starts is not None else None
     args = (doc_of, len(doc_of), len(docs), refs, bpe, unit_of, num_units, counts)
-    return {mode: self._run_mode(params, mode, batches, key, *args) for mode in modes}
+    unit_doc = [int(x) for x in unit_documents(docs, unit_bytes)]
+    out = {mode: self._run_mode(params, mode, batches, key, *args) for mode in modes}
+    for m in out.values():
+      m['unit_documents'] = unit_doc
+    return out
 
   def _run_mode(
       self, params, mode, batches, key, doc_of, n, num_docs, refs, bpe, unit_of, num_units, counts

@@ -18,7 +18,7 @@ import time
 import jax
 import numpy as np
 
-from tokjax import checkpointing, config_files, config_validation, models, segmentation
+from tokjax import checkpointing, config_files, config_validation, evaluation, models, segmentation
 from tokjax import train as train_lib
 from tokjax.metric_writers import read_metrics
 
@@ -163,6 +163,17 @@ def evaluate_documents(ckpt, docs, key, unit_bytes: int | None = None, reference
   if references is not None:
     kwargs.update(references=references, counts=True)
   return ckpt.evaluator.run(ckpt.params, docs, key, modes=('sample',), **kwargs)['sample']
+
+
+def paired_one_seed(a: dict, b: dict, docs, unit_bytes: int) -> dict:
+  """Run a minus run b (one seed each) on the same units of one split (`evaluate_documents`
+  results over docs): `evaluation.paired_difference` clustered by document, with the verdict of
+  the seed rule, which one seed leaves without a seed error (seed_se None). Results scored before
+  the evaluator recorded each unit's document get it derived the same way from docs."""
+  documents = a.get('unit_documents', evaluation.unit_documents(docs, unit_bytes))
+  p = evaluation.paired_difference(a['unit_ce'], b['unit_ce'], a['unit_bytes'], documents)
+  verdict = evaluation.verdict(p['diff'], p['clustered_se'], None)
+  return p | {'seed_se': None, 'judged_se': p['clustered_se'], 'verdict': verdict}
 
 
 def paragraph(docs, length: int) -> bytes:

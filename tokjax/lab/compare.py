@@ -8,9 +8,10 @@ count chosen to match the hierarchical parameter count); `python -m tokjax.lab.c
 --helpfull` lists them. Each trains with `tokjax.train.train` for
 steps = bytes / (batch * seq_len) in its own workdir OUT/METHOD (its console output goes to
 OUT/METHOD/train.log); a method whose OUT/METHOD/result.json exists is not retrained. Then the last
-checkpoint is evaluated per document on val and test (bits-per-byte with the standard error over
-documents, boundaries sampled as in training) and OUT gets:
-  results.md, results.json   the table (+ the exact command)
+checkpoint is evaluated on val and test (bits-per-byte with the standard error over documents,
+boundaries sampled as in training, per window of UNIT_BYTES bytes of each document) and OUT gets:
+  results.md, results.json   the table (+ the exact command) and every method's paired difference
+                             to the policy (`paired_rows`: per window, clustered by document)
   curves.png                 val bits-per-byte against training bytes, per method
   segmentations.md           one held-out paragraph segmented by every method (greedy boundaries)
   heatmap.png                boundary probabilities of every method on that paragraph
@@ -56,7 +57,25 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   _SEED = flags.DEFINE_integer('seed', 0, 'Seed of every run.')
 
 
-def write_outputs(out_dir, results, meta, passage):
+UNIT_BYTES = 2048  # Paired units: windows of this many bytes of each document.
+
+
+def paired_rows(results, docs_by_split, reference='policy') -> list[dict]:
+  """Each method minus `reference` on the same val/test windows, clustered by document, with the
+  verdict of the seed rule (`common.paired_one_seed`; one seed): one dict per (method, split)."""
+  by = {r['method']: r for r in results}
+  if reference not in by:
+    return []
+  return [
+      {'method': r['method'], 'reference': reference, 'split': split}
+      | common.paired_one_seed(r[split], by[reference][split], docs, r.get('unit_bytes', 0))
+      for r in results
+      if r['method'] != reference
+      for split, docs in docs_by_split.items()
+  ]
+
+
+def write_outputs(out_dir, results, meta, passage, paired=()):
   """results.md / results.json (the table), curves.png, segmentations.md and heatmap.png."""
   lines = [
       f'# Boundary methods compared on `{meta["corpus"]}`',
@@ -86,11 +105,33 @@ def write_outputs(out_dir, results, meta, passage):
       ),
       '',
       f'Val/test documents: {results[0]["val"]["documents"]} / {results[0]["test"]["documents"]}.'
-      ' Standard errors are per method; differences between methods on the same documents are '
-      'paired, so compare them with care (see results.json for the per-method numbers).',
+      ' Standard errors are per method; differences between methods on the same bytes are paired '
+      '(next table).',
       '',
   ]
-  common.write_results(out_dir, {'meta': meta, 'methods': results}, lines)
+  if paired:
+    lines += [
+        f'## Paired differences to {paired[0]["reference"]}',
+        '',
+        f'Method minus {paired[0]["reference"]} in bits-per-byte on the same bytes, paired per '
+        f'window of {UNIT_BYTES} bytes of each document, with the standard error over windows and '
+        'over documents (clustered: the window differences summed per document; ratio estimator). '
+        f'A difference is found only beyond {evaluation.FOUND_BY:g} times the larger of the '
+        'clustered and the seed s.e.; one seed leaves the seed s.e. unknown, so a difference '
+        f'beyond {evaluation.FOUND_BY:g} clustered s.e. reads "one seed".',
+        '',
+        *common.table(
+            'method | split | windows | documents | difference (bpb) | window s.e. | '
+            'clustered s.e. | verdict',
+            (
+                f'{p["method"]} | {p["split"]} | {p["units"]} | {p["documents"]} | '
+                f'{p["diff"]:+.4f} | {fmt(p["se"])} | {fmt(p["clustered_se"])} | {p["verdict"]}'
+                for p in paired
+            ),
+        ),
+        '',
+    ]
+  common.write_results(out_dir, {'meta': meta, 'methods': results, 'paired': list(paired)}, lines)
   plt = common.pyplot()
 
   fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -165,7 +206,10 @@ def compare(
     print(f'[compare] {m}: training {steps} steps ({configs[m].model.kind})', flush=True)
     r = common.train_or_load(m, configs[m], out_dir)
     if 'test' not in r:
-      r = common.evaluate_splits(os.path.join(out_dir, m), r, splits, key, eval_cap, passage)
+      r = common.evaluate_splits(
+          os.path.join(out_dir, m), r, splits, key, eval_cap, passage, unit_bytes=UNIT_BYTES
+      )
+      r['unit_bytes'] = UNIT_BYTES
       common.save_result(out_dir, m, r)
     print(
         f'[compare] {m}: params {r["params"]:,} | test bpb '
@@ -189,7 +233,8 @@ def compare(
       'eval_doc_bytes': eval_cap[1],
       'jax_devices': [str(d) for d in jax.devices()],
   }
-  write_outputs(out_dir, results, meta, passage)
+  docs = {s: common.capped(splits[s], *eval_cap) for s in ('val', 'test')}
+  write_outputs(out_dir, results, meta, passage, paired_rows(results, docs))
   return results
 
 

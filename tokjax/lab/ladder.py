@@ -8,34 +8,41 @@ A run is (method, budget, seed, seq_len, lr): configs/compare.py:METHOD (the def
 gets the layer count that matches the hierarchical parameter count) trained for
 steps = budget / (batch * seq_len), with warmup and cosine decay over its own steps. Each run lives in
 OUT/runs/NAME: spec.json (what it is), train.log, metrics.jsonl, orbax checkpoints and, once trained
-and scored, result.json. Every run is scored on the whole val and test splits with boundaries sampled
-with the same key for every method, per unit (fixed windows of --unit_bytes bytes of each document,
-`evaluation.unit_ids`), so that differences between methods are paired on the same bytes.
+and scored, result.json (its spec embedded). Every run is scored on the whole val and test splits
+with boundaries sampled with the same key for every method, per unit (fixed windows of --unit_bytes
+bytes of each document, `evaluation.unit_ids`, with each window's document), so that differences
+between methods are paired on the same bytes and clustered by document (tokjax/lab/ladder_report.py
+has the statistics and the report).
 
 Idempotent and resumable: a run with result.json is read back, never retrained; a run that was stopped
 (Ctrl-C, SIGTERM, a killed session) resumes from its last checkpoint with --resume, exactly (the
 trainer's resume restores the data iterator and RNG). Without --resume the command refuses to touch
 unfinished runs. Ctrl-C or SIGTERM stops every job after its checkpoint is saved. --report writes the
-tables and plot of the runs finished so far and runs nothing.
+tables and plot of the runs finished so far and runs nothing. `--pack DIR` shrinks every finished run
+folder under DIR to its result.json (what a study commits; the report needs nothing else). A corpus
+that does not load is refused before any worker starts.
 
 --jobs N runs N runs side by side, each pinned to its own core (of the cores this process may use)
 with one XLA thread: on a small machine that beats one multi-threaded run. --cores_per_job K gives
 each job K cores as K host devices, one XLA thread each, over which the trainer's mesh splits the
 batch (data parallel): the same run up to the order of floating-point sums, in less wall time, for a
-run too long for one core (results/ladder/README.md has the measured speed-up).
+run too long for one core.
 One progress line per running job every --progress_s seconds (budget, step, bytes/s, ETA).
 
-OUT gets results.md, results.json (every run and every paired difference) and ladder.png (test bpb
-against training bytes, one line per method; second panel: paired difference to the reference method;
-third: test bpb against realised training FLOPs). With several --lrs the table also names the lr
-each method does best with on val (OUT/lr.json), for later ladders' --lr_table.
+OUT gets results.json (every run and every paired difference), results.md (its tables; not with
+--nomarkdown) and ladder.png (test bpb against training bytes, one line per method; second panel:
+paired difference to the reference method; third: test bpb against realised training FLOPs). With
+several --lrs the table also names the lr each method does best with on val (OUT/lr.json), for later
+ladders' --lr_table.
 """
 
 import dataclasses
+import glob
 import hashlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,7 +53,7 @@ import numpy as np
 
 from tokjax import cli, config_validation, evaluation, flops
 from tokjax.errors import Interrupted, UserError
-from tokjax.lab import common
+from tokjax.lab import common, ladder_report
 from tokjax.metric_writers import read_metrics
 
 ONE_THREAD = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
@@ -137,7 +144,6 @@ def work(run_dir: str) -> dict:
   from tokjax import train as train_lib  # pylint: disable=g-import-not-at-top
 
   run, scoring = read_spec(run_dir)
-  spec = dataclasses.asdict(run)
   result_path = os.path.join(run_dir, 'result.json')
   result = None
   if os.path.exists(result_path):
@@ -155,7 +161,9 @@ def work(run_dir: str) -> dict:
           f'{run.name} stopped, checkpoint saved; continue with the ladder command and --resume',
           e.exit_code - 128,
       ) from None
-    result = {'run': spec, 'train_wall_s': time.time() - t0, 'train_devices': _device_count()}
+    result = {'train_wall_s': time.time() - t0, 'train_devices': _device_count()}
+    result.update(_training_summary(config, run_dir))
+  result.update(spec_of(run, scoring))
   ckpt = checkpointing.load_checkpoint(run_dir)
   splits = _splits(config, run.corpus)
   key = _eval_key()
@@ -170,7 +178,6 @@ def work(run_dir: str) -> dict:
     if corpus not in result['cross'] and corpus != run.corpus:
       docs = _splits(config, corpus)['test']
       result['cross'][corpus] = common.evaluate_documents(ckpt, docs, key, scoring.unit_bytes)
-  result.update(_training_summary(config, run_dir))
   result['params'] = int(ckpt.trainer.num_params)
   common.write_json(result_path, result, indent=None)
   return result
@@ -196,17 +203,29 @@ def _eval_key():
   return jax.random.PRNGKey(1234)  # The same boundary key for every method and run.
 
 
+def spec_of(run: Run, scoring: Scoring) -> dict:
+  """{'run', 'scoring'}: what a run is and how it is scored, as spec.json and result.json hold it."""
+  return {'run': dataclasses.asdict(run), 'scoring': dataclasses.asdict(scoring)}
+
+
 def write_spec(run_dir: str, run: Run, scoring: Scoring) -> None:
-  common.write_json(
-      os.path.join(run_dir, 'spec.json'),
-      {'run': dataclasses.asdict(run), 'scoring': dataclasses.asdict(scoring)},
-      indent=None,
-  )
+  common.write_json(os.path.join(run_dir, 'spec.json'), spec_of(run, scoring), indent=None)
 
 
 def read_spec(run_dir: str) -> tuple[Run, Scoring]:
-  with open(os.path.join(run_dir, 'spec.json')) as f:
+  """The run and scoring of run_dir: its spec.json, else those embedded in its result.json (a packed
+  run, `pack`). A spec.json of the first ladders held the run alone; its scoring is the result's."""
+  path = os.path.join(run_dir, 'spec.json')
+  if not os.path.exists(path):
+    path = os.path.join(run_dir, 'result.json')
+  with open(path) as f:
     spec = json.load(f)
+  if 'run' not in spec:
+    spec = {'run': spec}
+  if 'scoring' not in spec:
+    with open(os.path.join(run_dir, 'result.json')) as f:
+      r = json.load(f)
+    spec['scoring'] = {'unit_bytes': r['unit_bytes'], 'cross': sorted(r.get('cross', {}))}
   tup = lambda d: {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
   return Run(**tup(spec['run'])), Scoring(**tup(spec['scoring']))
 
@@ -374,371 +393,98 @@ def execute(
   return failures
 
 
-# -- results ----------------------------------------------------------------------------------------
+# -- finished runs -------------------------------------------------------------------------------
 
 
 def load_results(out_dir, runs) -> list[dict]:
+  """The result.json of every finished run of `runs`, each scored split with its units' documents
+  (`with_documents`)."""
   out = []
+  splits = _split_cache()
   for run in runs:
     path = os.path.join(out_dir, 'runs', run.name, 'result.json')
     if os.path.exists(path):
       with open(path) as f:
-        out.append(json.load(f))
+        r = json.load(f)
+      with_documents(r, run, splits)
+      out.append(r)
   return out
 
 
-def _key(r):
-  s = r['run']
-  return (s['budget'], s['seq_len'], s['method'], s['lr'])
+def _split_cache():
+  """(run, corpus) -> that corpus's val and test documents as the run's config splits them, each
+  split loaded once."""
+  cache = {}
+
+  def splits(run, corpus):
+    data = build_config(run).data
+    key = (corpus, *(data[k] for k in sorted(data)))
+    if key not in cache:
+      cache[key] = _splits(build_config(run), corpus)
+    return cache[key]
+
+  return splits
 
 
-def summarize(results, reference: str) -> list[dict]:
-  """One row per (budget, seq_len, method, lr): means over seeds, and the paired difference to the
-  reference method on test (per unit, averaged over the seeds both have), with its s.e."""
-  groups = {}
-  for r in results:
-    groups.setdefault(_key(r), []).append(r)
-  ref_lr = {}  # The reference's best lr on val at each (budget, seq_len).
-  for (b, L, m, lr), rs in groups.items():
-    if m == reference:
-      v = np.mean([r['val']['bpb'] for r in rs])
-      if (b, L) not in ref_lr or v < ref_lr[(b, L)][1]:
-        ref_lr[(b, L)] = (lr, v)
-  rows = []
-  for (b, L, m, lr), rs in groups.items():
-    rs = sorted(rs, key=lambda r: r['run']['seed'])
-    row = {
-        'budget': b,
-        'seq_len': L,
-        'method': m,
-        'lr': lr,
-        'seeds': [r['run']['seed'] for r in rs],
-        'params': rs[0]['params'],
-        'test_bpb': float(np.mean([r['test']['bpb'] for r in rs])),
-        'test_bpb_se': float(np.mean([r['test']['bpb_se'] for r in rs])),
-        'seed_sd': float(np.std([r['test']['bpb'] for r in rs], ddof=1)) if len(rs) > 1 else None,
-        'val_bpb': float(np.mean([r['val']['bpb'] for r in rs])),
-        'rate': _mean(r['test'].get('rate') for r in rs),
-        'train_rate': _mean(r.get('train_rate') for r in rs),
-        'whitespace_recall': _mean(r['test'].get('whitespace_recall') for r in rs),
-        'whitespace_precision': _mean(r['test'].get('whitespace_precision') for r in rs),
-        'train_flops': float(np.mean([r['train_flops'] for r in rs])),
-        'train_bytes': rs[0]['train_bytes'],
-        'bytes_per_s': float(np.mean([r['train_bytes_per_s'] for r in rs])),
-    }
-    ref = groups.get((b, L, reference, ref_lr.get((b, L), (None,))[0]))
-    if ref is not None and m != reference:
-      row['paired'] = paired_over_seeds(rs, ref, 'test')
-      row['cross_paired'] = {
-          c: paired_over_seeds(rs, ref, c)
-          for c in rs[0].get('cross', {})
-          if all(c in x.get('cross', {}) for x in rs + ref)
-      }
-    row['cross_bpb'] = {
-        c: float(np.mean([x['cross'][c]['bpb'] for x in rs]))
-        for c in rs[0].get('cross', {})
-        if all(c in x.get('cross', {}) for x in rs)
-    }
-    rows.append(row)
-  return sorted(rows, key=lambda r: (r['budget'], r['seq_len'], r['test_bpb']))
-
-
-def _mean(xs):
-  xs = [x for x in xs if x is not None]
-  return float(np.mean(xs)) if xs else None
-
-
-def paired_over_seeds(runs_a, runs_b, split) -> dict | None:
-  """a - b on the same units: per-unit CE averaged over the seeds both have, then
-  `evaluation.paired_difference`; 'seed_se' is the s.e. of the per-seed differences (>= 2 seeds)."""
-  get = lambda r: r[split] if split in ('val', 'test') else r['cross'][split]
-  by_seed_b = {r['run']['seed']: r for r in runs_b}
-  pairs = [(a, by_seed_b[a['run']['seed']]) for a in runs_a if a['run']['seed'] in by_seed_b]
-  if not pairs:
-    pairs = [(a, b) for a in runs_a for b in runs_b][:1]  # Unmatched seeds: first pair only.
-  ce_a = np.mean([get(a)['unit_ce'] for a, _ in pairs], axis=0)
-  ce_b = np.mean([get(b)['unit_ce'] for _, b in pairs], axis=0)
-  out = evaluation.paired_difference(ce_a, ce_b, get(pairs[0][0])['unit_bytes'])
-  per_seed = [get(a)['bpb'] - get(b)['bpb'] for a, b in pairs]
-  out['seeds'] = len(pairs)
-  out['seed_se'] = (
-      float(np.std(per_seed, ddof=1) / math.sqrt(len(pairs))) if len(pairs) > 1 else None
-  )
-  return out
-
-
-# The ordering of the paper's table: the reference at or below these (not worse by 2 s.e.) ...
-PAPER_AT_OR_BELOW = ('bpe',)
-# ... and below these by a paired difference of at least two standard errors.
-PAPER_BELOW = ('hnet', 'uniform')
-
-
-def _paired_se(p) -> float:
-  """A paired difference's s.e. over units and, where there are seeds, over seeds."""
-  return math.hypot(p['se'], p['seed_se'] or 0.0)
-
-
-def trend(rows, reference: str) -> dict:
-  """How each method's paired difference to the reference moves with the budget.
-
-  rows: `summarize`'s, one lr per (method, budget, seq_len) kept (the best on val). Per seq_len:
-  'rungs': {budget: {method: (diff, se)}} and 'ordering': {budget: True/False/None}, whether the
-  paper's ordering holds there (reference not 2 s.e. worse than PAPER_AT_OR_BELOW and 2 s.e. better
-  than PAPER_BELOW; None: a method is missing). 'fits': {method: (slope, crossing)} for methods at
-  >= 2 budgets: the least-squares slope of the difference per 4x budget, and the budget at which
-  that line reaches 0 beyond the top rung (None if it moves away from 0). A straight line in log
-  budget through a few rungs is an extrapolation, not a prediction.
-  """
-  out = {}
-  for L in sorted({r['seq_len'] for r in rows}):
-    best = [r for r in rows if r['seq_len'] == L and r.get('paired') and _is_best_lr(r, rows)]
-    rungs = {}
-    for r in best:
-      rungs.setdefault(r['budget'], {})[r['method']] = (
-          r['paired']['diff'],
-          _paired_se(r['paired']),
-      )
-    ordering = {}
-    for b, ds in rungs.items():
-      if any(m not in ds for m in PAPER_AT_OR_BELOW + PAPER_BELOW):
-        ordering[b] = None
-        continue
-      ordering[b] = all(ds[m][0] >= -2 * ds[m][1] for m in PAPER_AT_OR_BELOW) and all(
-          ds[m][0] >= 2 * ds[m][1] for m in PAPER_BELOW
-      )
-    fits = {}
-    for m in sorted({m for ds in rungs.values() for m in ds}):
-      pts = sorted((b, ds[m][0]) for b, ds in rungs.items() if m in ds)
-      if len(pts) < 2:
-        continue
-      x = np.log([b for b, _ in pts]) / math.log(4.0)
-      y = np.array([d for _, d in pts])
-      slope, intercept = np.polyfit(x, y, 1)
-      top_d = pts[-1][1]
-      crossing = None
-      if slope != 0 and top_d * slope < 0:  # Moving towards 0 from the top rung.
-        crossing = float(4.0 ** (-intercept / slope))
-      fits[m] = (float(slope), crossing)
-    out[L] = {'rungs': rungs, 'ordering': ordering, 'fits': fits}
-  return out
-
-
-def _trend_lines(trends, meta) -> list[str]:
-  """The report's Trend sections: one per sequence length of `trend`'s output with >= 2 budgets."""
-  ref = meta['reference']
-  lines = []
-  for L, t in trends.items():
-    budgets = sorted(t['rungs'])
-    methods = sorted({m for ds in t['rungs'].values() for m in ds})
-    if len(budgets) < 2:
+def with_documents(result: dict, run: Run, splits) -> bool:
+  """Adds to each scored split of result (val, test, every corpus scored out of domain) that lacks
+  them 'unit_documents', the document of each unit, derived as the evaluator derives them
+  (`evaluation.unit_documents`) from the split the run was scored on (splits: `_split_cache()`).
+  -> whether any was added."""
+  todo = [(s, result[s], run.corpus, s) for s in ('val', 'test') if s in result]
+  todo += [(c, x, c, 'test') for c, x in result.get('cross', {}).items()]
+  added = False
+  for name, scored, corpus, split in todo:
+    if 'unit_documents' in scored:
       continue
-    cell = lambda d: f'{d[0]:+.4f} +- {d[1]:.4f}' if d else '-'
-    lines += [
-        '',
-        f'## Trend (L = {L})',
-        '',
-        f'Paired difference to `{ref}` (method minus {ref}, s.e. over units and seeds) at each '
-        'budget, its least-squares slope per 4x budget, and the budget at which that line reaches '
-        '0 (an extrapolation of a straight line in log budget: "-" where it moves away from 0). '
-        f"The paper's ordering ({ref} not worse than {', '.join(PAPER_AT_OR_BELOW)} by 2 s.e., "
-        f'better than {", ".join(PAPER_BELOW)} by 2 s.e.): '
-        + ', '.join(
-            f'{b:.3g}: ' + {True: 'holds', False: 'does not hold', None: 'not all run'}[o]
-            for b, o in sorted(t['ordering'].items())
-        )
-        + '.',
-        '',
-        *common.table(
-            'method | '
-            + ' | '.join(f'{b:.3g} B' for b in budgets)
-            + ' | slope / 4x | reaches 0 at',
-            (
-                f'{m} | '
-                + ' | '.join(cell(t['rungs'][b].get(m)) for b in budgets)
-                + (
-                    f' | {t["fits"][m][0]:+.4f} | '
-                    + (f'{t["fits"][m][1]:.2g} B' if t['fits'][m][1] else '-')
-                    if m in t['fits']
-                    else ' | - | -'
-                )
-                for m in methods
-            ),
-        ),
-    ]
-  return lines
-
-
-RATE_TOLERANCE = (
-    0.02  # A chunked method's realised rate counts as matched within this of the target.
-)
-
-
-def _rate_cell(rate, meta) -> str:
-  """The test rate, marked '(off)' when it misses the target by more than RATE_TOLERANCE."""
-  if rate is None or rate >= 0.999:  # The flat model: one position per byte, no chunks.
-    return '-'
-  off = abs(rate - meta['target_rate']) > RATE_TOLERANCE
-  return f'{rate:.3f}' + (' (off)' if off else '')
-
-
-def write_outputs(out_dir, rows, meta) -> None:
-  """results.json, results.md and ladder.png."""
-  fmt = common.fmt
-  ref = meta['reference']
-  lines = [
-      f'# Budget ladder on `{meta["corpus"]}`',
-      '',
-      'Command:',
-      '',
-      f'    {meta["command"]}',
-      '',
-      f'Model: configs/compare.py (0.86M parameters, batch 16; flat: layer count matched). Each run '
-      f'trains for budget / (16 x seq_len) steps with warmup and cosine over its own steps. Test bpb '
-      f'is pooled over the bytes of the whole test split (boundaries sampled, one key for every run), '
-      f'mean over seeds, {evaluation.SE_LABEL}; "paired" is the method minus `{ref}` on the same '
-      f'units ({meta["unit_bytes"]}-byte windows of each document; per-unit CE averaged over seeds), '
-      'with its paired s.e. (ratio estimator on per-unit differences); "seed s.e." the s.e. of the '
-      f'per-seed differences. "better" is the share of units on which the method beats `{ref}`. '
-      'rate and ws (whitespace recall: share of whitespace bytes that end a chunk) are on test '
-      f'("(off)": more than {RATE_TOLERANCE} from the target {meta["target_rate"]}); '
-      'train rate is the mean over logged training steps; FLOPs are training FLOPs at that rate.',
-      '',
-      *common.table(
-          'budget B | L | method | lr | seeds | test bpb +- s.e. | paired vs ref +- s.e. | '
-          'seed s.e. | better | rate | train rate | ws recall | ws prec | train FLOPs',
-          (
-              f'{r["budget"]:.3g} | {r["seq_len"]} | {r["method"]} | {r["lr"]:g} | '
-              f'{len(r["seeds"])} | {fmt(r["test_bpb"], 3)} +- {fmt(r["test_bpb_se"], 3)} | '
-              + (
-                  f'{p["diff"]:+.4f} +- {p["se"]:.4f} | {fmt(p["seed_se"], 4)} | '
-                  f'{p["a_better"]:.2f} | '
-                  if p
-                  else '(ref) | - | - | '
-              )
-              + f'{_rate_cell(r["rate"], meta)} | {fmt(r["train_rate"], 3)} | '
-              f'{fmt(r["whitespace_recall"], 3)} | {fmt(r["whitespace_precision"], 3)} | '
-              f'{r["train_flops"]:.3g}'
-              for r, p in ((r, r.get('paired')) for r in rows)
-          ),
-      ),
-  ]
-  cross = sorted({c for r in rows for c in r.get('cross_bpb', {})})
-  if cross:
-
-    def paired(r, c):
-      p = r.get('cross_paired', {}).get(c)
-      return f'{p["diff"]:+.4f} +- {p["se"]:.4f}' if p else '(ref)'
-
-    lines += [
-        '',
-        '## Out of domain',
-        '',
-        'The same checkpoints scored on the test split of other corpora (paired vs the reference).',
-        '',
-        *common.table(
-            'budget B | L | method | ' + ' | '.join(f'{c} bpb | paired' for c in cross),
-            (
-                f'{r["budget"]:.3g} | {r["seq_len"]} | {r["method"]} | '
-                + ' | '.join(f'{fmt(r["cross_bpb"].get(c), 3)} | {paired(r, c)}' for c in cross)
-                for r in rows
-                if r.get('cross_bpb')
-            ),
-        ),
-    ]
-  trends = trend(rows, meta['reference'])
-  lines += _trend_lines(trends, meta)
-  common.write_results(out_dir, {'meta': meta, 'rows': rows, 'trend': trends}, lines)
-  _plot(out_dir, rows, meta)
-
-
-def _plot(out_dir, rows, meta) -> None:
-  import matplotlib.ticker  # pylint: disable=g-import-not-at-top
-
-  plt = common.pyplot()
-  fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
-  methods = sorted({r['method'] for r in rows}, key=lambda m: (m != meta['reference'], m))
-  seq_lens = sorted({r['seq_len'] for r in rows})
-  for m in methods:
-    for L in seq_lens:
-      rs = sorted(
-          [r for r in rows if r['method'] == m and r['seq_len'] == L and _is_best_lr(r, rows)],
-          key=lambda r: r['budget'],
+    docs = evaluation.unit_documents(splits(run, corpus)[split], result['unit_bytes'])
+    if len(docs) != len(scored['unit_ce']):
+      raise UserError(
+          f'{run.name}: {name} has {len(scored["unit_ce"])} units but its split cuts into '
+          f'{len(docs)}: the corpus changed since the run was scored; rescore it in a fresh folder.'
       )
-      if not rs:
-        continue
-      label = m if len(seq_lens) == 1 else f'{m} L={L}'
-      err = [
-          math.sqrt(r['test_bpb_se'] ** 2 + (r['seed_sd'] or 0) ** 2 / len(r['seeds'])) for r in rs
-      ]
-      line = axes[0].errorbar(
-          [r['train_bytes'] for r in rs],
-          [r['test_bpb'] for r in rs],
-          yerr=err,
-          marker='o',
-          capsize=3,
-          label=label,
-          ls='-' if L == seq_lens[0] else '--',
-      )
-      axes[2].plot(
-          [r['train_flops'] for r in rs],
-          [r['test_bpb'] for r in rs],
-          marker='o',
-          color=line[0].get_color(),
-          ls='-' if L == seq_lens[0] else '--',
-          label=label,
-      )
-      ps = [r for r in rs if r.get('paired')]
-      if ps:
-        axes[1].errorbar(
-            [r['train_bytes'] for r in ps],
-            [r['paired']['diff'] for r in ps],
-            yerr=[2 * _paired_se(r['paired']) for r in ps],
-            marker='o',
-            capsize=3,
-            color=line[0].get_color(),
-            ls='-' if L == seq_lens[0] else '--',
-            label=label,
-        )
-  axes[1].axhline(0, color='k', lw=0.8)
-  for ax, title, xl in zip(
-      axes,
-      (
-          'test bpb (+- s.e.)',
-          f'paired difference to {meta["reference"]} (+- 2 s.e., units and seeds)',
-          'test bpb',
-      ),
-      ('training bytes', 'training bytes', 'training FLOPs (realised rate)'),
+    scored['unit_documents'] = [int(d) for d in docs]
+    added = True
+  return added
+
+
+KEPT = (
+    'result.json',
+    'checkpoints',
+)  # What `pack` leaves of a run (checkpoints are not committed).
+
+
+def pack(root: str) -> int:
+  """Shrinks every finished run folder under root (any OUT/runs/NAME below it, with a result.json)
+  to its result.json: embeds the spec (`spec_of`) and each split's unit documents
+  (`with_documents`), then deletes all but KEPT (spec.json, train.log, metrics.jsonl, ...: git
+  history keeps them). Checkpoints stay, so a packed run can still be rescored; an unfinished run
+  is left alone. -> the number of runs packed."""
+  splits = _split_cache()
+  packed = 0
+  for result_path in sorted(
+      glob.glob(os.path.join(root, '**', 'runs', '*', 'result.json'), recursive=True)
   ):
-    ax.set_xscale('log')
-    lo, hi = ax.get_xlim()
-    # Over a decade the major labels suffice; within one the minor ones are needed.
-    if hi > 10 * lo:
-      ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel(xl)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-  axes[0].set_ylabel('bits per byte')
-  axes[0].legend(fontsize=7)
-  fig.suptitle(f'budget ladder, {meta["corpus"]}')
-  common.save_figure(fig, os.path.join(out_dir, 'ladder.png'))
+    run_dir = os.path.dirname(result_path)
+    run, scoring = read_spec(run_dir)
+    with open(result_path) as f:
+      result = json.load(f)
+    result.update(spec_of(run, scoring))
+    with_documents(result, run, splits)
+    common.write_json(result_path, result, indent=None)
+    for name in set(os.listdir(run_dir)) - set(KEPT):
+      path = os.path.join(run_dir, name)
+      shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    packed += 1
+  return packed
 
 
-def _is_best_lr(row, rows) -> bool:
-  same = [
-      r
-      for r in rows
-      if (r['method'], r['budget'], r['seq_len']) == (row['method'], row['budget'], row['seq_len'])
-  ]
-  return row is min(same, key=lambda r: r['val_bpb'])
+def check_corpora(corpora, data) -> None:
+  """UserError (one line, from the corpus loader) unless each corpus yields a first document."""
+  from tokjax.data import corpora as corpora_lib  # pylint: disable=g-import-not-at-top
 
-
-def best_lrs(rows) -> dict:
-  """{method: lr with the lowest val bpb} over the rows (a sweep at one budget)."""
-  out = {}
-  for r in rows:
-    if r['method'] not in out or r['val_bpb'] < out[r['method']][1]:
-      out[r['method']] = (r['lr'], r['val_bpb'])
-  return {m: lr for m, (lr, _) in out.items()}
+  for corpus in corpora:
+    next(corpora_lib.iter_documents(corpus, data_dir=data.data_dir or None))
 
 
 # -- the command ------------------------------------------------------------------------------------
@@ -783,6 +529,9 @@ def main(argv):
       os.sched_setaffinity(0, {int(c) for c in f.cores})
     work(f.worker)
     return
+  if f.pack:
+    print(f'packed {pack(f.pack)} finished run(s) under {f.pack} to their result.json')
+    return
 
   known = common.method_names()
   bad = [m for m in f.methods if m not in known]
@@ -824,6 +573,7 @@ def main(argv):
             f'--cores_per_job={f.cores_per_job} must divide the batch of {batch} sequences '
             '(each core takes an equal share), e.g. 1, 2 or 4.'
         )
+  check_corpora([f.corpus, *f.cross], base.data)  # Before any worker starts.
   os.makedirs(os.path.join(f.out, 'runs'), exist_ok=True)
   os.environ.setdefault(
       'JAX_COMPILATION_CACHE_DIR', os.path.expanduser('~/.cache/tokjax/xla-ladder')
@@ -838,7 +588,7 @@ def main(argv):
       'corpus': f.corpus,
       # The command that trains these runs (a --report of them runs the same grid).
       'command': 'python -m tokjax.lab.ladder '
-      + ' '.join(a for a in sys.argv[1:] if a not in ('--report', '--resume')),
+      + ' '.join(a for a in sys.argv[1:] if a not in ('--report', '--resume', '--nomarkdown')),
       'reference': f.reference,
       'unit_bytes': f.unit_bytes,
       'target_rate': float(base.boundary.target_rate),
@@ -846,11 +596,12 @@ def main(argv):
       'finished': len(results),
   }
   if results:
-    rows = summarize(results, f.reference)
-    write_outputs(f.out, rows, meta)
-    if len(lrs_grid) > 1:
-      common.write_json(os.path.join(f.out, 'lr.json'), best_lrs(rows), indent=None)
-    print(f'wrote {f.out}/results.md, results.json, ladder.png ({len(results)}/{len(runs)} runs)')
+    rows = ladder_report.summarize(results, f.reference)
+    ladder_report.write_outputs(f.out, rows, meta, markdown=f.markdown)
+    if len(lrs_grid) > 1 and len(budgets) == len(seq_lens) == 1:  # A sweep at one rung.
+      common.write_json(os.path.join(f.out, 'lr.json'), ladder_report.best_lrs(rows), indent=None)
+    wrote = 'results.md, results.json' if f.markdown else 'results.json'
+    print(f'wrote {f.out}/{wrote}, ladder.png ({len(results)}/{len(runs)} runs)')
   if failures:
     raise UserError(
         f'{failures} run(s) failed; their train.log says why. Fix and rerun with --resume.'
@@ -885,6 +636,13 @@ def define_flags():
   )
   flags.DEFINE_bool('resume', False, 'Continue unfinished runs from their checkpoints.')
   flags.DEFINE_bool('report', False, 'Only write the tables and plot of the runs finished so far.')
+  flags.DEFINE_bool('markdown', True, 'Write results.md beside results.json and ladder.png.')
+  flags.DEFINE_string(
+      'pack',
+      None,
+      'Shrink every finished run folder under this folder to its result.json (spec and document ids '
+      'embedded; spec.json, train.log and metrics.jsonl deleted), then exit.',
+  )
   flags.DEFINE_float('progress_s', 60.0, 'Seconds between progress lines.')
   flags.DEFINE_string('out', 'results/ladder/run', 'Results folder.')
   flags.DEFINE_string('worker', None, 'Internal: train and score the run in this folder.')

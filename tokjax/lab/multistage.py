@@ -14,9 +14,9 @@ run whose OUT/RUN/result.json exists is not retrained, and one without its per-l
 evaluated again), then is evaluated on the val and test documents (bits-per-byte with its standard
 error over documents, `tokjax.evaluation`, boundaries sampled as in training) and per level of
 boundaries on test (`level_summary` of the same evaluation's counts). Every run is scored on the
-same bytes with the same boundary key, so each is compared to the one-stage run paired, per document
-and per window of --unit_bytes bytes (`paired_rows`). A run stopped before its result.json (Ctrl-C, a
-killed session) resumes from its last checkpoint when the same command is run again; each run may
+same bytes with the same boundary key, so each is compared to the one-stage run paired per window of
+--unit_bytes bytes and clustered by document (`paired_rows`). A run stopped before its result.json
+(Ctrl-C, a killed session) resumes from its last checkpoint when the same command is run again; each run may
 also be started in its own process (`--runs learned`, pinned to its own core), and a last command
 with every run writes the tables from their result.json files. OUT gets:
   README.md      the tables, the command, and one held-out passage per run with '|' after every
@@ -24,7 +24,6 @@ with every run writes the tables from their result.json files. OUT gets:
   results.json   everything in the tables, per run, and the paired differences
 """
 
-import functools
 import math
 import os
 import sys
@@ -257,8 +256,9 @@ def fmt(x, digits=3):
 
 
 def paired_rows(results, docs_by_split, unit_bytes, base=BASE) -> list[dict]:
-  """Each run minus `base` in bits-per-byte on the same val/test bytes, paired per document and per
-  window of unit_bytes bytes (`evaluation.paired_difference`): one dict per (run, split, unit)."""
+  """Each run minus `base` in bits-per-byte on the same val/test bytes, paired per window of
+  unit_bytes bytes and clustered by document, with its verdict by the seed rule
+  (`common.paired_one_seed`): one dict per (run, split)."""
   by = {r['run']: r for r in results}
   if base not in by:
     return []
@@ -267,21 +267,8 @@ def paired_rows(results, docs_by_split, unit_bytes, base=BASE) -> list[dict]:
     if r['run'] == base:
       continue
     for split, docs in docs_by_split.items():
-      a, b = r[split], by[base][split]
-      per_doc = functools.partial(
-          np.bincount, evaluation.unit_documents(docs, unit_bytes), minlength=len(docs)
-      )
-      for unit, ce_a, ce_b, nbytes in (
-          (
-              'document',
-              per_doc(weights=a['unit_ce']),
-              per_doc(weights=b['unit_ce']),
-              per_doc(weights=a['unit_bytes']),
-          ),
-          (f'{unit_bytes} B', a['unit_ce'], b['unit_ce'], a['unit_bytes']),
-      ):
-        d = evaluation.paired_difference(ce_a, ce_b, nbytes)
-        rows.append({'run': r['run'], 'base': base, 'split': split, 'unit': unit, **d})
+      d = common.paired_one_seed(r[split], by[base][split], docs, unit_bytes)
+      rows.append({'run': r['run'], 'base': base, 'split': split, 'unit': f'{unit_bytes} B', **d})
   return rows
 
 
@@ -325,17 +312,21 @@ def write_outputs(out_dir, results, meta, paired=()) -> None:
       '',
       '## Paired differences to the one-stage run',
       '',
-      f'Run minus {BASE} in bits-per-byte on the same bytes, with the standard error of the paired '
-      'per-unit differences (ratio estimator), per document and per window of '
-      f'{meta["unit_bytes"]} bytes of each document; better: the share of units on which each '
-      'model has the lower cross-entropy. A difference inside two standard errors says little '
-      'either way.',
+      f'Run minus {BASE} in bits-per-byte on the same bytes, paired per window of '
+      f'{meta["unit_bytes"]} bytes of each document, with the standard error over windows and over '
+      'documents (clustered: the window differences summed per document; ratio estimator). A '
+      f'difference is found only beyond {evaluation.FOUND_BY:g} times the larger of the clustered '
+      'and the seed s.e.; with one seed the seed s.e. is unknown, so a difference beyond '
+      f'{evaluation.FOUND_BY:g} clustered s.e. reads "one seed". better: the share of windows on '
+      'which each model has the lower cross-entropy.',
       '',
       *common.table(
-          'run | split | unit | units | run - one_stage (bpb) +- s.e. | run better | one_stage better',
+          'run | split | windows | documents | run - one_stage (bpb) | window s.e. | '
+          'clustered s.e. | verdict | run better | one_stage better',
           (
-              f'{p["run"]} | {p["split"]} | {p["unit"]} | {p["units"]} | {p["diff"]:+.4f} +- '
-              f'{fmt(p["se"], 4)} | {fmt(p["a_better"], 2)} | {fmt(p["b_better"], 2)}'
+              f'{p["run"]} | {p["split"]} | {p["units"]} | {p["documents"]} | {p["diff"]:+.4f} | '
+              f'{fmt(p["se"], 4)} | {fmt(p["clustered_se"], 4)} | {p["verdict"]} | '
+              f'{fmt(p["a_better"], 2)} | {fmt(p["b_better"], 2)}'
               for p in paired
           ),
       ),

@@ -1,0 +1,440 @@
+"""The budget ladder's statistics and report: finished runs' result.json in, tables and plot out.
+
+Every row is a (budget, seq_len, method, lr) over the seeds it shares with the reference method at
+its best lr (`summarize`): the test and val means, the out-of-domain means and the paired difference
+all use that one matched seed set. A paired difference (`paired_over_seeds`) carries three errors:
+over windows (`se`), over documents (`clustered_se`: the window differences summed per document) and
+over seeds (`seed_se`); it counts as found only beyond `evaluation.FOUND_BY` times the larger of the
+clustered and the seed error (`evaluation.verdict`), and the paper's ordering is judged by that rule
+(`trend`). A learning rate is picked on val over the seeds that all of a method's rates share.
+"""
+
+import math
+import os
+
+import numpy as np
+
+from tokjax import evaluation
+from tokjax.errors import UserError
+from tokjax.lab import common
+
+# The ordering of the paper's table: the reference at or below these (not found worse) ...
+PAPER_AT_OR_BELOW = ('bpe',)
+# ... and below these by a found paired difference.
+PAPER_BELOW = ('hnet', 'uniform')
+RATE_TOLERANCE = (
+    0.02  # A chunked method's realised rate counts as matched within this of the target.
+)
+
+
+def _key(r):
+  s = r['run']
+  return (s['budget'], s['seq_len'], s['method'], s['lr'])
+
+
+def _seeds(rs) -> set:
+  return {r['run']['seed'] for r in rs}
+
+
+def _split(r, split):
+  return r[split] if split in ('val', 'test') else r['cross'][split]
+
+
+def best_lr_of(groups: dict) -> float:
+  """The lr with the lowest mean val bpb over the seeds that every lr of `groups` ({lr: results})
+  has; UserError when they share none."""
+  common_seeds = set.intersection(*(_seeds(rs) for rs in groups.values()))
+  if not common_seeds:
+    first = next(iter(groups.values()))[0]['run']
+    raise UserError(
+        f'the learning rates of {first["method"]} at {first["budget"]:g} bytes share no seed '
+        f'({ {lr: sorted(_seeds(rs)) for lr, rs in groups.items()} }); train one seed at every lr.'
+    )
+  val = lambda rs: np.mean([r['val']['bpb'] for r in rs if r['run']['seed'] in common_seeds])
+  return min(groups, key=lambda lr: val(groups[lr]))
+
+
+def summarize(results, reference: str) -> list[dict]:
+  """One row per (budget, seq_len, method, lr): means over the seeds the row shares with the
+  reference at its best lr on val (all its seeds for the reference and where the reference is
+  missing), and the paired difference to that reference (`paired_over_seeds`) on test and on each
+  corpus scored out of domain. 'best_lr': whether the row's lr is its method's best on val there."""
+  groups = {}
+  for r in results:
+    groups.setdefault(_key(r), []).append(r)
+  best = {}  # (budget, seq_len, method) -> lr
+  for b, L, m in {k[:3] for k in groups}:
+    best[(b, L, m)] = best_lr_of({k[3]: rs for k, rs in groups.items() if k[:3] == (b, L, m)})
+  rows = []
+  for (b, L, m, lr), rs in groups.items():
+    ref = groups.get((b, L, reference, best.get((b, L, reference))))
+    paired = ref is not None and m != reference
+    if paired:
+      matched = _seeds(rs) & _seeds(ref)
+      if not matched:
+        raise UserError(
+            f'{m} at {b:g} bytes (lr {lr:g}) has seeds {sorted(_seeds(rs))} and {reference} '
+            f'{sorted(_seeds(ref))}: no seed to pair; train {m} or {reference} at a seed of the other.'
+        )
+      rs = [r for r in rs if r['run']['seed'] in matched]
+      ref = [r for r in ref if r['run']['seed'] in matched]
+    rs = sorted(rs, key=lambda r: r['run']['seed'])
+    test = [r['test']['bpb'] for r in rs]
+    row = {
+        'budget': b,
+        'seq_len': L,
+        'method': m,
+        'lr': lr,
+        'best_lr': best[(b, L, m)] == lr,
+        'seeds': [r['run']['seed'] for r in rs],
+        'params': rs[0]['params'],
+        'test_bpb': float(np.mean(test)),
+        'test_bpb_se': float(np.mean([r['test']['bpb_se'] for r in rs])),
+        'seed_sd': float(np.std(test, ddof=1)) if len(rs) > 1 else None,
+        'val_bpb': float(np.mean([r['val']['bpb'] for r in rs])),
+        'rate': _mean(r['test'].get('rate') for r in rs),
+        'train_rate': _mean(r.get('train_rate') for r in rs),
+        'whitespace_recall': _mean(r['test'].get('whitespace_recall') for r in rs),
+        'whitespace_precision': _mean(r['test'].get('whitespace_precision') for r in rs),
+        'train_flops': float(np.mean([r['train_flops'] for r in rs])),
+        'train_bytes': rs[0]['train_bytes'],
+        'bytes_per_s': float(np.mean([r['train_bytes_per_s'] for r in rs])),
+    }
+    cross = [c for c in rs[0].get('cross', {}) if all(c in x.get('cross', {}) for x in rs)]
+    row['cross_bpb'] = {c: float(np.mean([x['cross'][c]['bpb'] for x in rs])) for c in cross}
+    if paired:
+      row['paired'] = paired_over_seeds(rs, ref, 'test')
+      row['cross_paired'] = {
+          c: paired_over_seeds(rs, ref, c)
+          for c in cross
+          if all(c in x.get('cross', {}) for x in ref)
+      }
+    rows.append(row)
+  return sorted(rows, key=lambda r: (r['budget'], r['seq_len'], r['test_bpb']))
+
+
+def _mean(xs):
+  xs = [x for x in xs if x is not None]
+  return float(np.mean(xs)) if xs else None
+
+
+def paired_over_seeds(runs_a, runs_b, split) -> dict:
+  """a - b on the same units of `split` ('val', 'test' or a corpus scored out of domain), over the
+  seeds both have: per-unit CE averaged over those seeds, then `evaluation.paired_difference` with
+  each unit's document (the split's 'unit_documents'). 'seed_se': the s.e. of the per-seed
+  differences (None with one seed); 'judged_se' and 'verdict': `evaluation.judged_se`, `verdict`.
+  UserError when no seed of a is one of b's."""
+  by_seed_b = {r['run']['seed']: r for r in runs_b}
+  pairs = [(a, by_seed_b[a['run']['seed']]) for a in runs_a if a['run']['seed'] in by_seed_b]
+  if not pairs:
+    ma, mb = runs_a[0]['run']['method'], runs_b[0]['run']['method']
+    raise UserError(
+        f'{ma} (seeds {sorted(_seeds(runs_a))}) and {mb} (seeds {sorted(_seeds(runs_b))}) share no '
+        'seed: a paired difference needs the same seed on both sides.'
+    )
+  first = _split(pairs[0][0], split)
+  if 'unit_documents' not in first:
+    raise ValueError(f'{split} results without unit_documents: read them with ladder.load_results')
+  ce_a = np.mean([_split(a, split)['unit_ce'] for a, _ in pairs], axis=0)
+  ce_b = np.mean([_split(b, split)['unit_ce'] for _, b in pairs], axis=0)
+  out = evaluation.paired_difference(ce_a, ce_b, first['unit_bytes'], first['unit_documents'])
+  per_seed = [_split(a, split)['bpb'] - _split(b, split)['bpb'] for a, b in pairs]
+  out['seeds'] = [a['run']['seed'] for a, _ in pairs]
+  out['seed_se'] = (
+      float(np.std(per_seed, ddof=1) / math.sqrt(len(pairs))) if len(pairs) > 1 else None
+  )
+  out['judged_se'] = evaluation.judged_se(out['clustered_se'], out['seed_se'])
+  out['verdict'] = evaluation.verdict(out['diff'], out['clustered_se'], out['seed_se'])
+  return out
+
+
+def ordering(ds: dict) -> str:
+  """Whether the paper's ordering holds at a rung by the seed rule. ds: {method: `paired_over_seeds`
+  of method minus the reference}. 'holds': the reference is found better than every PAPER_BELOW and
+  not found worse than any PAPER_AT_OR_BELOW; 'does not hold': one of those fails with every error
+  known, or a PAPER_BELOW is not even beyond its clustered errors; 'one seed': it would hold, or
+  fail, only by clustered errors that a single seed leaves without its seed error; 'not all run'."""
+  if any(m not in ds for m in PAPER_AT_OR_BELOW + PAPER_BELOW):
+    return 'not all run'
+  below = [ds[m]['verdict'] if ds[m]['diff'] > 0 else 'not found' for m in PAPER_BELOW]
+  worse = [ds[m]['verdict'] if ds[m]['diff'] < 0 else 'not found' for m in PAPER_AT_OR_BELOW]
+  if 'found' in worse or 'not found' in below:
+    return 'does not hold'
+  if all(v == 'found' for v in below) and all(v == 'not found' for v in worse):
+    return 'holds'
+  return 'one seed'
+
+
+def trend(rows, reference: str) -> dict:
+  """How each method's paired difference to the reference moves with the budget.
+
+  rows: `summarize`'s; the best lr of each (method, budget, seq_len) is kept. Per seq_len: 'rungs':
+  {budget: {method: (diff, judged s.e., verdict)}}, 'ordering': {budget: `ordering`}, and 'fits':
+  {method: (slope, crossing)} for methods at >= 2 budgets: the least-squares slope of the difference
+  per 4x budget, and the budget at which that line reaches 0 beyond the top rung (None if it moves
+  away from 0). A straight line in log budget through a few rungs is an extrapolation, not a
+  prediction.
+  """
+  out = {}
+  for L in sorted({r['seq_len'] for r in rows}):
+    best = [r for r in rows if r['seq_len'] == L and r.get('paired') and r['best_lr']]
+    pairs = {}
+    for r in best:
+      pairs.setdefault(r['budget'], {})[r['method']] = r['paired']
+    rungs = {
+        b: {m: (p['diff'], p['judged_se'], p['verdict']) for m, p in ds.items()}
+        for b, ds in pairs.items()
+    }
+    fits = {}
+    for m in sorted({m for ds in rungs.values() for m in ds}):
+      pts = sorted((b, ds[m][0]) for b, ds in rungs.items() if m in ds)
+      if len(pts) < 2:
+        continue
+      x = np.log([b for b, _ in pts]) / math.log(4.0)
+      y = np.array([d for _, d in pts])
+      slope, intercept = np.polyfit(x, y, 1)
+      top_d = pts[-1][1]
+      crossing = None
+      if slope != 0 and top_d * slope < 0:  # Moving towards 0 from the top rung.
+        crossing = float(4.0 ** (-intercept / slope))
+      fits[m] = (float(slope), crossing)
+    out[L] = {
+        'rungs': rungs,
+        'ordering': {b: ordering(ds) for b, ds in pairs.items()},
+        'fits': fits,
+    }
+  return out
+
+
+def rule_text(ref: str) -> str:
+  """The seed rule and the paired errors, as the report states them."""
+  return (
+      f'"paired" is the method minus `{ref}` on the same units (windows of each document; per-unit '
+      'CE averaged over the seeds both have) with three standard errors: over windows ("window"), '
+      'over documents ("clustered": the window differences summed per document, ratio estimator) '
+      'and over the per-seed differences ("seed", two seeds or more). A difference is **found** '
+      f'only when it exceeds {evaluation.FOUND_BY:g} times the larger of the clustered and the seed '
+      f's.e.; "one seed": beyond {evaluation.FOUND_BY:g} clustered s.e., but one seed leaves the '
+      'seed s.e. unknown.'
+  )
+
+
+def _trend_lines(trends, meta) -> list[str]:
+  """The report's Trend sections: one per sequence length of `trend`'s output with >= 2 budgets."""
+  ref = meta['reference']
+  lines = []
+  for L, t in trends.items():
+    budgets = sorted(t['rungs'])
+    methods = sorted({m for ds in t['rungs'].values() for m in ds})
+    if len(budgets) < 2:
+      continue
+    cell = lambda d: f'{d[0]:+.4f} +- {d[1]:.4f} ({d[2]})' if d else '-'
+    lines += [
+        '',
+        f'## Trend (L = {L})',
+        '',
+        f'Paired difference to `{ref}` (method minus {ref}, +- the larger of the clustered and the '
+        'seed s.e., and its verdict) at each budget, its least-squares slope per 4x budget, and '
+        'the budget at which that line reaches 0 (an extrapolation of a straight line in log '
+        'budget: "-" where it moves away from 0). '
+        f"The paper's ordering ({ref} not found worse than {', '.join(PAPER_AT_OR_BELOW)}, found "
+        f'better than {", ".join(PAPER_BELOW)}): '
+        + ', '.join(f'{b:.3g}: {o}' for b, o in sorted(t['ordering'].items()))
+        + '.',
+        '',
+        *common.table(
+            'method | '
+            + ' | '.join(f'{b:.3g} B' for b in budgets)
+            + ' | slope / 4x | reaches 0 at',
+            (
+                f'{m} | '
+                + ' | '.join(cell(t['rungs'][b].get(m)) for b in budgets)
+                + (
+                    f' | {t["fits"][m][0]:+.4f} | '
+                    + (f'{t["fits"][m][1]:.2g} B' if t['fits'][m][1] else '-')
+                    if m in t['fits']
+                    else ' | - | -'
+                )
+                for m in methods
+            ),
+        ),
+    ]
+  return lines
+
+
+def _rate_cell(rate, meta) -> str:
+  """The test rate, marked '(off)' when it misses the target by more than RATE_TOLERANCE."""
+  if rate is None or rate >= 0.999:  # The flat model: one position per byte, no chunks.
+    return '-'
+  off = abs(rate - meta['target_rate']) > RATE_TOLERANCE
+  return f'{rate:.3f}' + (' (off)' if off else '')
+
+
+def paired_cells(p) -> str:
+  """'diff | window s.e. | clustered s.e. | seed s.e. | verdict' of a paired difference."""
+  fmt = common.fmt
+  return (
+      f'{p["diff"]:+.4f} | {fmt(p["se"], 4)} | {fmt(p["clustered_se"], 4)} | '
+      f'{fmt(p["seed_se"], 4)} | {p["verdict"]}'
+  )
+
+
+def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
+  """results.json, ladder.png and (markdown) results.md."""
+  fmt = common.fmt
+  ref = meta['reference']
+  lines = [
+      f'# Budget ladder on `{meta["corpus"]}`',
+      '',
+      'Command:',
+      '',
+      f'    {meta["command"]}',
+      '',
+      f'Model: configs/compare.py (0.86M parameters, batch 16; flat: layer count matched). Each run '
+      f'trains for budget / (16 x seq_len) steps with warmup and cosine over its own steps. Test bpb '
+      f'is pooled over the bytes of the whole test split (boundaries sampled, one key for every run), '
+      f'mean over the seeds the row shares with `{ref}` (every column of a row uses those seeds), '
+      f'{evaluation.SE_LABEL}. {rule_text(ref)} Units: {meta["unit_bytes"]}-byte windows. '
+      f'"better" is the share of windows on which the method beats `{ref}`. '
+      'rate and ws (whitespace recall: share of whitespace bytes that end a chunk) are on test '
+      f'("(off)": more than {RATE_TOLERANCE} from the target {meta["target_rate"]}); '
+      'train rate is the mean over logged training steps; FLOPs are training FLOPs at that rate. '
+      'The lr of each method is picked on val over the seeds all its lrs share.',
+      '',
+      *common.table(
+          'budget B | L | method | lr | seeds | test bpb +- s.e. | paired vs ref | window s.e. | '
+          'clustered s.e. | seed s.e. | verdict | better | rate | train rate | ws recall | '
+          'ws prec | train FLOPs',
+          (
+              f'{r["budget"]:.3g} | {r["seq_len"]} | {r["method"]} | {r["lr"]:g} | '
+              f'{",".join(map(str, r["seeds"]))} | {fmt(r["test_bpb"], 3)} +- '
+              f'{fmt(r["test_bpb_se"], 3)} | '
+              + (
+                  f'{paired_cells(p)} | {p["a_better"]:.2f} | '
+                  if p
+                  else '(ref) | - | - | - | - | - | '
+              )
+              + f'{_rate_cell(r["rate"], meta)} | {fmt(r["train_rate"], 3)} | '
+              f'{fmt(r["whitespace_recall"], 3)} | {fmt(r["whitespace_precision"], 3)} | '
+              f'{r["train_flops"]:.3g}'
+              for r, p in ((r, r.get('paired')) for r in rows)
+          ),
+      ),
+  ]
+  cross = sorted({c for r in rows for c in r.get('cross_bpb', {})})
+  if cross:
+
+    def paired(r, c):
+      p = r.get('cross_paired', {}).get(c)
+      return (
+          f'{p["diff"]:+.4f} +- {evaluation.FOUND_BY:g} x {p["judged_se"]:.4f} ({p["verdict"]})'
+          if p
+          else '(ref)'
+      )
+
+    lines += [
+        '',
+        '## Out of domain',
+        '',
+        'The same checkpoints scored on the test split of other corpora: bpb and the paired '
+        f'difference to `{ref}` with {evaluation.FOUND_BY:g} times the larger of its clustered and '
+        'seed s.e., and the verdict.',
+        '',
+        *common.table(
+            'budget B | L | method | ' + ' | '.join(f'{c} bpb | paired' for c in cross),
+            (
+                f'{r["budget"]:.3g} | {r["seq_len"]} | {r["method"]} | '
+                + ' | '.join(f'{fmt(r["cross_bpb"].get(c), 3)} | {paired(r, c)}' for c in cross)
+                for r in rows
+                if r.get('cross_bpb')
+            ),
+        ),
+    ]
+  trends = trend(rows, meta['reference'])
+  lines += _trend_lines(trends, meta)
+  data = {'meta': meta, 'rows': rows, 'trend': trends}
+  if markdown:
+    common.write_results(out_dir, data, lines)
+  else:
+    common.write_json(os.path.join(out_dir, 'results.json'), data)
+  _plot(out_dir, rows, meta)
+
+
+def _plot(out_dir, rows, meta) -> None:
+  import matplotlib.ticker  # pylint: disable=g-import-not-at-top
+
+  plt = common.pyplot()
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+  methods = sorted({r['method'] for r in rows}, key=lambda m: (m != meta['reference'], m))
+  seq_lens = sorted({r['seq_len'] for r in rows})
+  for m in methods:
+    for L in seq_lens:
+      rs = sorted(
+          [r for r in rows if r['method'] == m and r['seq_len'] == L and r['best_lr']],
+          key=lambda r: r['budget'],
+      )
+      if not rs:
+        continue
+      label = m if len(seq_lens) == 1 else f'{m} L={L}'
+      ls = '-' if L == seq_lens[0] else '--'
+      err = [
+          math.sqrt(r['test_bpb_se'] ** 2 + (r['seed_sd'] or 0) ** 2 / len(r['seeds'])) for r in rs
+      ]
+      line = axes[0].errorbar(
+          [r['train_bytes'] for r in rs],
+          [r['test_bpb'] for r in rs],
+          yerr=err,
+          marker='o',
+          capsize=3,
+          label=label,
+          ls=ls,
+      )
+      color = line[0].get_color()
+      axes[2].plot(
+          [r['train_flops'] for r in rs],
+          [r['test_bpb'] for r in rs],
+          marker='o',
+          color=color,
+          ls=ls,
+          label=label,
+      )
+      ps = [r for r in rs if r.get('paired')]
+      if ps:
+        axes[1].errorbar(
+            [r['train_bytes'] for r in ps],
+            [r['paired']['diff'] for r in ps],
+            yerr=[evaluation.FOUND_BY * r['paired']['judged_se'] for r in ps],
+            marker='o',
+            capsize=3,
+            color=color,
+            ls=ls,
+            label=label,
+        )
+  axes[1].axhline(0, color='k', lw=0.8)
+  for ax, title, xl in zip(
+      axes,
+      (
+          'test bpb (+- s.e.)',
+          f'paired difference to {meta["reference"]}\n'
+          f'(+- {evaluation.FOUND_BY:g} x max(clustered, seed) s.e.)',
+          'test bpb',
+      ),
+      ('training bytes', 'training bytes', 'training FLOPs (realised rate)'),
+  ):
+    ax.set_xscale('log')
+    lo, hi = ax.get_xlim()
+    # Over a decade the major labels suffice; within one the minor ones are needed.
+    if hi > 10 * lo:
+      ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel(xl)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+  axes[0].set_ylabel('bits per byte')
+  axes[0].legend(fontsize=7)
+  fig.suptitle(f'budget ladder, {meta["corpus"]}')
+  common.save_figure(fig, os.path.join(out_dir, 'ladder.png'))
+
+
+def best_lrs(rows) -> dict:
+  """{method: its best lr on val} over the rows (a sweep at one budget)."""
+  return {r['method']: r['lr'] for r in rows if r['best_lr']}
