@@ -350,3 +350,23 @@ def test_the_proxy_config_is_the_ladders_run_of_its_rung(method):
   for c in (want, got):
     c['train'].pop('workdir')
   assert got == want
+
+
+def test_greedy_scoring_rescores_a_finished_run_and_keeps_its_curve(tmp_path, uninterrupted):
+  whole = uninterrupted()
+  out = tmp_path / 'greedy'
+  shutil.copytree(whole / 'runs', out / 'runs')
+  d = _run_dir(out)
+  run, scoring = ladder.read_spec(d)
+  greedy = ladder.Scoring(scoring.unit_bytes, scoring.cross, greedy=True)
+  assert ladder.status(str(out), run, greedy) == 'rescore'
+  ladder.write_spec(d, run, greedy)
+  r = ladder.work(d)
+  assert ladder.status(str(out), run, greedy) == 'done'
+  assert r['test']['bpb'] == _final(whole)[0]  # Scored again, not retrained.
+  g = r['test_greedy']
+  assert set(ladder.PER_UNIT).isdisjoint(g) and 0 <= g['whitespace_recall'] <= 1
+  assert g['bytes'] == r['test']['bytes'] and g['bpb'] != r['test']['bpb']
+  val = [x for x in _final(whole)[2] if x['split'] == 'val']
+  assert [c['step'] for c in r['curve']] == [x['step'] for x in val]
+  assert r['curve'][-1]['greedy_whitespace_recall'] == val[-1]['greedy_whitespace_recall']

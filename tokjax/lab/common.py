@@ -153,8 +153,11 @@ def capped(docs, max_docs: int, doc_bytes: int):
   return [d[:doc_bytes] for d in docs] if doc_bytes else list(docs)
 
 
-def evaluate_documents(ckpt, docs, key, unit_bytes: int | None = None, references=None) -> dict:
-  """`tokjax.evaluation` statistics of docs with sampled boundaries (as in training): bpb pooled
+def evaluate_documents(
+    ckpt, docs, key, unit_bytes: int | None = None, references=None, mode: str = 'sample'
+) -> dict:
+  """`tokjax.evaluation` statistics of docs with boundaries drawn by `mode` ('sample': as in
+  training; 'greedy': the policy's most likely pattern): bpb pooled
   over bytes with its ratio-estimator standard error over documents (or over units of unit_bytes
   bytes of each document, with their per-unit CE for paired differences), and the boundary
   statistics (with `references`, {name: reference} of boundary_stats, also against those, and
@@ -162,7 +165,7 @@ def evaluate_documents(ckpt, docs, key, unit_bytes: int | None = None, reference
   kwargs = {} if unit_bytes is None else {'unit_bytes': unit_bytes}
   if references is not None:
     kwargs.update(references=references, counts=True)
-  return ckpt.evaluator.run(ckpt.params, docs, key, modes=('sample',), **kwargs)['sample']
+  return ckpt.evaluator.run(ckpt.params, docs, key, modes=(mode,), **kwargs)[mode]
 
 
 def paired_one_seed(a: dict, b: dict, docs, unit_bytes: int) -> dict:

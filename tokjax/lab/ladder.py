@@ -85,6 +85,7 @@ class Scoring:
 
   unit_bytes: int = 2048  # Paired units: windows of this many bytes of each document.
   cross: tuple = ()  # Corpora whose test split every run is also scored on (out of domain).
+  greedy: bool = False  # Also score the test split with greedy boundaries ('test_greedy').
 
 
 def _short_hash(items) -> str:
@@ -163,17 +164,22 @@ def work(run_dir: str) -> dict:
       ) from None
     result = {'train_wall_s': time.time() - t0, 'train_devices': _device_count()}
     result.update(_training_summary(config, run_dir))
+  if 'curve' not in result and os.path.exists(os.path.join(run_dir, 'metrics.jsonl')):
+    result['curve'] = val_curve(os.path.join(run_dir, 'metrics.jsonl'))
   result.update(spec_of(run, scoring))
   ckpt = checkpointing.load_checkpoint(run_dir)
   splits = _splits(config, run.corpus)
   key = _eval_key()
   if result.get('unit_bytes') != scoring.unit_bytes:
     result.update(unit_bytes=scoring.unit_bytes, cross={})
-    result.pop('val', None)
-    result.pop('test', None)
+    for split in ('val', 'test', 'test_greedy'):
+      result.pop(split, None)
   for split in ('val', 'test'):
     if split not in result:
       result[split] = common.evaluate_documents(ckpt, splits[split], key, scoring.unit_bytes)
+  if scoring.greedy and 'test_greedy' not in result:
+    greedy = common.evaluate_documents(ckpt, splits['test'], key, mode='greedy')
+    result['test_greedy'] = {k: v for k, v in greedy.items() if k not in PER_UNIT}
   for corpus in scoring.cross:
     if corpus not in result['cross'] and corpus != run.corpus:
       docs = _splits(config, corpus)['test']
@@ -230,6 +236,26 @@ def read_spec(run_dir: str) -> tuple[Run, Scoring]:
   return Run(**tup(spec['run'])), Scoring(**tup(spec['scoring']))
 
 
+# Per-unit lists of an evaluation, which only paired differences read.
+PER_UNIT = ('unit_ce', 'unit_bytes', 'unit_documents', 'chunk_hist')
+# The validation metrics a run's curve keeps (sampled and greedy boundaries).
+CURVE_KEYS = (
+    'bpb',
+    'rate',
+    'whitespace_recall',
+    'greedy_bpb',
+    'greedy_rate',
+    'greedy_whitespace_recall',
+)
+
+
+def val_curve(metrics_path: str) -> list[dict]:
+  """[{'step', CURVE_KEYS...}] of every validation row of a run's metrics.jsonl (what a study plots
+  after `pack` has deleted the file)."""
+  rows = [r for r in read_metrics(metrics_path) if r['split'] == 'val']
+  return [{'step': r['step']} | {k: r[k] for k in CURVE_KEYS if k in r} for r in rows]
+
+
 def _training_summary(config, run_dir) -> dict:
   """Realised training rate (mean over logged steps), training FLOPs at that rate, bytes/s."""
   rows = [r for r in read_metrics(os.path.join(run_dir, 'metrics.jsonl')) if r['split'] == 'train']
@@ -268,6 +294,7 @@ def status(out_dir, run: Run, scoring: Scoring) -> str:
     with open(os.path.join(d, 'result.json')) as f:
       r = json.load(f)
     missing = [c for c in scoring.cross if c != run.corpus and c not in r.get('cross', {})]
+    missing += ['test_greedy'] if scoring.greedy and 'test_greedy' not in r else []
     return 'rescore' if missing or r.get('unit_bytes') != scoring.unit_bytes else 'done'
   if os.path.isdir(d) and (_has_checkpoint(d) or os.path.exists(os.path.join(d, 'metrics.jsonl'))):
     return 'stopped'

@@ -1,0 +1,81 @@
+"""The ablation study's table: each variant's means over the seeds it shares with the full method,
+its paired difference to it, and the seeds whose greedy boundaries found the words."""
+
+import math
+
+import numpy as np
+import pytest
+
+from tokjax.errors import UserError
+from tokjax.lab import ablation
+
+
+def _run(seed, unit_ce, overrides=(), last_greedy=0.95, documents=(0, 0, 1, 1)):
+  nbytes = [100] * len(unit_ce)
+  bpb = sum(unit_ce) / sum(nbytes) / math.log(2)
+  split = {
+      'bpb': bpb,
+      'unit_ce': list(unit_ce),
+      'unit_bytes': nbytes,
+      'unit_documents': list(documents),
+      'rate': 0.2 + 0.01 * seed,
+      'whitespace_recall': 0.5 + 0.1 * seed,
+  }
+  return {
+      'run': dict(
+          method='policy', budget=4e6, seed=seed, seq_len=256, lr=8e-3, overrides=overrides
+      ),
+      'test': split,
+      'test_greedy': {'bpb': bpb, 'rate': 0.21, 'whitespace_recall': 0.9 + 0.01 * seed},
+      'curve': [
+          {'step': 10, 'greedy_whitespace_recall': 0.1, 'whitespace_recall': 0.2},
+          {'step': 20, 'greedy_whitespace_recall': last_greedy, 'whitespace_recall': 0.8},
+      ],
+  }
+
+
+def test_rows_pair_each_variant_with_the_full_method_over_shared_seeds():
+  base = [10.0, 12.0, 9.0, 11.0]
+  full = [_run(s, [x + 0.1 * s for x in base]) for s in (0, 1, 2)]
+  shift = lambda s: 1.0 + 0.2 * s  # nats per window: gamma1 is worse by a seed-dependent amount
+  gamma1 = [
+      _run(s, [x + 0.1 * s + shift(s) for x in base], ('estimator.gamma=1.0',), last_greedy=0.5)
+      for s in (0, 1, 2, 7)  # Seed 7 has no full run: it is left out of every column.
+  ]
+  rows = {r['variant']: r for r in ablation.summarize({'full': full, 'gamma1': gamma1})}
+  g = rows['gamma1']
+  assert g['seeds'] == [0, 1, 2] and set(g['per_seed']) == {0, 1, 2}
+  assert g['test_bpb'] == pytest.approx(np.mean([r['test']['bpb'] for r in gamma1[:3]]))
+  assert g['rate'] == pytest.approx(0.21) and g['whitespace_recall'] == pytest.approx(0.6)
+  assert g['greedy_whitespace_recall'] == pytest.approx(0.91)
+  p = g['paired']
+  per_seed = [sum(shift(s) for _ in base) / 400 / math.log(2) for s in (0, 1, 2)]
+  assert p['diff'] == pytest.approx(np.mean(per_seed))
+  assert p['seed_se'] == pytest.approx(np.std(per_seed, ddof=1) / math.sqrt(3))
+  assert p['verdict'] == 'found'  # 2.2 nats/window against a seed spread of 0.2.
+  assert g['words_found'] == 0 and rows['full']['words_found'] == 3
+  assert 'paired' not in rows['full']
+  assert [c['step'] for c in g['curve']] == [10, 20]
+  assert g['curve'][-1]['greedy_whitespace_recall'] == pytest.approx(0.5)
+
+
+def test_a_difference_inside_the_seed_spread_is_not_found():
+  base = [10.0, 12.0, 9.0, 11.0]
+  full = [_run(s, base) for s in (0, 1, 2)]
+  noisy = [_run(s, [x + d for x in base]) for s, d in ((0, -1.0), (1, 1.5), (2, 0.1))]
+  rows = {r['variant']: r for r in ablation.summarize({'full': full, 'w8': noisy})}
+  assert rows['w8']['paired']['verdict'] == 'not found'
+
+
+def test_variants_default_to_the_papers_table_and_take_new_ones():
+  assert list(ablation.parse_variants([])) == list(ablation.VARIANTS)
+  v = ablation.parse_variants(['gamma1', 'lr:optim.lr=2e-3', 'lr:optim.warmup_steps=100'])
+  assert v == {
+      'full': (),
+      'gamma1': ('estimator.gamma=1.0',),
+      'lr': ('optim.lr=2e-3', 'optim.warmup_steps=100'),
+  }
+  with pytest.raises(UserError, match="unknown variant 'gama1'"):
+    ablation.parse_variants(['gama1'])
+  with pytest.raises(UserError, match='NAME:FIELD=VALUE'):
+    ablation.parse_variants(['x:optim.lr'])
