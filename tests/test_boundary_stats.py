@@ -8,7 +8,6 @@ import pytest
 
 from tokjax import boundary_stats as bs
 from tokjax.data import pipeline
-from tokjax.lab import multistage
 
 
 def _bytes(text: bytes) -> np.ndarray:
@@ -33,11 +32,9 @@ def test_builtin_references_mark_whitespace_line_ends_and_word_ends():
 def test_phrase_end_reference_marks_punctuation_and_the_whitespace_after_it():
   tokens = _bytes(b'hi, you. ok!\nno ;x')
   # ',' 2, ' ' 3 after it, '.' 7, ' ' 8, '!' 11, '\n' 12; ' ' at 15 follows 'o'; ';' 16.
-  np.testing.assert_array_equal(
-      np.flatnonzero(multistage.phrase_end(tokens)[0]), [2, 3, 7, 8, 11, 12, 16]
-  )
+  np.testing.assert_array_equal(np.flatnonzero(bs.phrase_end(tokens)[0]), [2, 3, 7, 8, 11, 12, 16])
   # Row starts have no previous byte: a leading space is no phrase end.
-  np.testing.assert_array_equal(multistage.phrase_end(_bytes(b' .'))[0], [False, True])
+  np.testing.assert_array_equal(bs.phrase_end(_bytes(b' .'))[0], [False, True])
 
 
 def test_stream_reference_reads_document_marks_at_the_batch_stream_positions():

@@ -9,9 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, config_files
+from tokjax import boundary_stats, checkpointing, config_files
 from tokjax.data import BOS_ID, PAD_ID
-from tokjax.lab import multistage, synthetic
+from tokjax.lab import synthetic
 from tokjax.models.rivals import rules
 
 N_BYTES = 127
@@ -203,20 +203,20 @@ def test_phrase_corpus_has_the_planted_structure(book, marks_by, order):
       assert (text == ord('.')).sum() <= 2 * len(doc.copies) + 1
       assert set(text[doc.phrase_ends - 1].tolist()) <= set(spec.marks)
     # The experiment's phrase reference marks each phrase's mark and the space after it.
-    marked = np.flatnonzero(multistage.phrase_end(text[None])[0])
+    marked = np.flatnonzero(boundary_stats.phrase_end(text[None])[0])
     want = set(doc.phrase_ends.tolist()) | set((doc.phrase_ends - 1).tolist())
     if text[-1] in spec.marks:  # A mark whose space the document's end cut off.
       want.add(N_BYTES - 1)
     assert marked.tolist() == sorted(want)
     # The other side: the space before each phrase's last word (the word end before a phrase end).
-    before = np.flatnonzero(multistage.before_phrase_end(text[None])[0])
+    before = np.flatnonzero(boundary_stats.before_phrase_end(text[None])[0])
     ends = doc.word_ends.tolist()
     want = {ends[i - 1] for i, e in enumerate(ends) if e in set(doc.phrase_ends.tolist())}
     if text[-1] in spec.marks:  # The last phrase's space cut off: its last word still counts.
       want.add(ends[-1])
     assert before.tolist() == sorted(want) and len(want) >= len(doc.phrase_ends)
     # One word late: the space after the first word that follows each phrase end.
-    first = np.flatnonzero(multistage.after_phrase_start(text[None])[0])
+    first = np.flatnonzero(boundary_stats.after_phrase_start(text[None])[0])
     later = [doc.word_ends[doc.word_ends > e] for e in doc.phrase_ends]
     assert first.tolist() == [w[0] for w in later if len(w)] and len(first) >= len(later) - 1
     # Each block is copied right after itself, at least min_distance bytes later, and those bytes

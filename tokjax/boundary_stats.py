@@ -29,6 +29,7 @@ import numpy as np
 
 WHITESPACE = (9, 10, 13, 32)  # \t \n \r space: the "spacelike" bytes boundary metrics refer to.
 NEWLINE = 10
+PHRASE_END = tuple(b'.,;:!?')  # A phrase ends on one of these, or on whitespace right after one.
 HIST_MAX = 32  # Chunks of HIST_MAX bytes or more share the last histogram bin.
 
 Reference = Callable[[Any, Any], Any]
@@ -79,6 +80,47 @@ def unforced(tokens, positions=None):
 BUILTIN: Mapping[str, Reference] = types.MappingProxyType(
     {'whitespace': whitespace, 'line': line_end, 'word_end': word_end}
 )
+
+
+def phrase_end(tokens, positions=None):
+  """bool[B, L]: a phrase ends after the byte (one of PHRASE_END, or whitespace right after one)."""
+  del positions
+  tokens = np.asarray(tokens)
+  prev = np.concatenate([np.zeros_like(tokens[:, :1]), tokens[:, :-1]], axis=1)
+  return np.isin(tokens, PHRASE_END) | (whitespace(tokens) & np.isin(prev, PHRASE_END))
+
+
+def before_phrase_end(tokens, positions=None):
+  """bool[B, L]: the whitespace byte right before a phrase's last word (the next word is closed by
+  one of PHRASE_END). A chunk that ends here closes a phrase one word early: its next chunk is the
+  phrase's last word, which the phrase so far may already determine."""
+  del positions
+  tokens = np.asarray(tokens)
+  ws, mark = whitespace(tokens), np.isin(tokens, PHRASE_END)
+  out = np.zeros(tokens.shape, bool)
+  next_is_mark = np.zeros(tokens.shape[0], bool)  # The first delimiter after t is a mark.
+  for t in range(tokens.shape[1] - 1, -1, -1):
+    out[:, t] = ws[:, t] & next_is_mark
+    next_is_mark = np.where(ws[:, t] | mark[:, t], mark[:, t], next_is_mark)
+  return out
+
+
+def after_phrase_start(tokens, positions=None):
+  """bool[B, L]: the whitespace byte closing the first word after a phrase end (the mark and its
+  whitespace). A chunk that ends here closes a phrase one word late: it has read the next phrase's
+  first word, which may already determine the rest of that phrase."""
+  del positions
+  tokens = np.asarray(tokens)
+  ws, mark = whitespace(tokens), np.isin(tokens, PHRASE_END)
+  out = np.zeros(tokens.shape, bool)
+  gap = np.zeros(tokens.shape[0], bool)  # Past a phrase end, before the next word's first byte.
+  first = np.zeros(tokens.shape[0], bool)  # Inside the first word after a phrase end.
+  for t in range(tokens.shape[1]):
+    letter = ~ws[:, t] & ~mark[:, t]
+    out[:, t] = ws[:, t] & first
+    first = np.where(letter, first | gap, False)
+    gap = np.where(mark[:, t], True, gap & ~letter)
+  return out
 
 
 def with_references(extra: Mapping[str, Reference] | None = None) -> dict[str, Reference]:

@@ -30,7 +30,6 @@ import sys
 
 from absl import flags, logging
 import jax
-import numpy as np
 
 from tokjax import (
     boundary_stats,
@@ -55,7 +54,6 @@ RUNS = {
     'stride': ('two_stage', 'stride', 'stride / stride'),
 }
 BASE = 'one_stage'  # Its step count is the command's --steps; the others' follow from FLOPs.
-PHRASE_END = tuple(b'.,;:!?')  # A phrase ends on one of these, or on whitespace right after one.
 # The held-out passage is shown with greedy boundaries (each p > 1/2) and with one sampled draw, as
 # training and the bits-per-byte draw them: a policy still unsure of its boundaries (p < 1/2
 # everywhere) shows none greedily.
@@ -143,52 +141,11 @@ def equal_flops_steps(configs: dict, base_steps: int, base: str = BASE) -> dict:
   }
 
 
-def phrase_end(tokens, positions=None):
-  """bool[B, L]: a phrase ends after the byte (one of PHRASE_END, or whitespace right after one)."""
-  del positions
-  tokens = np.asarray(tokens)
-  prev = np.concatenate([np.zeros_like(tokens[:, :1]), tokens[:, :-1]], axis=1)
-  return np.isin(tokens, PHRASE_END) | (
-      boundary_stats.whitespace(tokens) & np.isin(prev, PHRASE_END)
-  )
-
-
-def before_phrase_end(tokens, positions=None):
-  """bool[B, L]: the whitespace byte right before a phrase's last word (the next word is closed by
-  one of PHRASE_END). A chunk that ends here closes a phrase one word early: its next chunk is the
-  phrase's last word, which the phrase so far may already determine."""
-  del positions
-  tokens = np.asarray(tokens)
-  ws, mark = boundary_stats.whitespace(tokens), np.isin(tokens, PHRASE_END)
-  out = np.zeros(tokens.shape, bool)
-  next_is_mark = np.zeros(tokens.shape[0], bool)  # The first delimiter after t is a mark.
-  for t in range(tokens.shape[1] - 1, -1, -1):
-    out[:, t] = ws[:, t] & next_is_mark
-    next_is_mark = np.where(ws[:, t] | mark[:, t], mark[:, t], next_is_mark)
-  return out
-
-
-def after_phrase_start(tokens, positions=None):
-  """bool[B, L]: the whitespace byte closing the first word after a phrase end (the mark and its
-  whitespace). A chunk that ends here closes a phrase one word late: it has read the next phrase's
-  first word, which may already determine the rest of that phrase."""
-  del positions
-  tokens = np.asarray(tokens)
-  ws, mark = boundary_stats.whitespace(tokens), np.isin(tokens, PHRASE_END)
-  out = np.zeros(tokens.shape, bool)
-  gap = np.zeros(tokens.shape[0], bool)  # Past a phrase end, before the next word's first byte.
-  first = np.zeros(tokens.shape[0], bool)  # Inside the first word after a phrase end.
-  for t in range(tokens.shape[1]):
-    letter = ~ws[:, t] & ~mark[:, t]
-    out[:, t] = ws[:, t] & first
-    first = np.where(letter, first | gap, False)
-    gap = np.where(mark[:, t], True, gap & ~letter)
-  return out
-
-
-REFERENCES = {'phrase': phrase_end}  # Scored at every level besides the builtin ones.
+REFERENCES = {
+    'phrase': boundary_stats.phrase_end
+}  # Scored at every level besides the builtin ones.
 # The per-level table: whitespace, word ends (a word's last byte before whitespace: the other side
-# of the space), line ends ('\n') and phrase ends (`phrase_end`).
+# of the space), line ends ('\n') and phrase ends (`boundary_stats.phrase_end`).
 LEVEL_REFERENCES = ('whitespace', 'word_end', 'line', 'phrase')
 
 
@@ -337,7 +294,7 @@ def write_outputs(out_dir, results, meta, paired=()) -> None:
       'position of the level (per byte at level 0, per level-0 chunk at level 1). Precision: share '
       "of the level's chunk ends on whitespace / on a word's last byte before whitespace (word end: "
       'the other side of the space) / at a line end / at a phrase end (one of '
-      f'`{bytes(PHRASE_END).decode()}`, or whitespace right after one); recall: share of those bytes '
+      f'`{bytes(boundary_stats.PHRASE_END).decode()}`, or whitespace right after one); recall: share of those bytes '
       'that end a chunk of the level. Chance precision (share of bytes): whitespace '
       f'{base["whitespace_base"]:.3f}, word end {base["word_end_base"]:.3f}, line end '
       f'{base["line_base"]:.3f}, phrase end '

@@ -77,7 +77,7 @@ from tokjax import (
 from tokjax import train as train_lib
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
-from tokjax.lab import common, multistage
+from tokjax.lab import common
 from tokjax.losses import cross_entropy
 
 
@@ -620,11 +620,11 @@ def both(a, b):
 # last word), on 'first_free' those one word after it (the space after the next phrase's first word),
 # on 'word_free' those at spaces.
 PHRASE_REFERENCES = {
-    'phrase': multistage.phrase_end,
+    'phrase': boundary_stats.phrase_end,
     'free': boundary_stats.unforced,
-    'phrase_free': both(multistage.phrase_end, boundary_stats.unforced),
-    'before_free': both(multistage.before_phrase_end, boundary_stats.unforced),
-    'first_free': both(multistage.after_phrase_start, boundary_stats.unforced),
+    'phrase_free': both(boundary_stats.phrase_end, boundary_stats.unforced),
+    'before_free': both(boundary_stats.before_phrase_end, boundary_stats.unforced),
+    'first_free': both(boundary_stats.after_phrase_start, boundary_stats.unforced),
     'word_free': both(boundary_stats.whitespace, boundary_stats.unforced),
 }
 # Where a stage-1 chunk can close a phrase: at its end (the mark or the space after it), one word
@@ -767,7 +767,7 @@ def stage1_probabilities(ckpt, texts, key, marks: bytes = PhraseSpec.marks) -> d
     ends = actions[0] > 0.5
     ends[-1] = False  # Forced when the text fills the window.
     b = np.frombuffer(text, np.uint8)[: len(ends)]
-    phrase = multistage.phrase_end(b[None])[0]
+    phrase = boundary_stats.phrase_end(b[None])[0]
     prev = np.concatenate([[0], b[:-1]])
     where = {'phrase': ends & phrase, 'other': ends & ~phrase}
     for m in marks:
@@ -842,12 +842,12 @@ def write_phrase_results(out: str, meta: dict, runs: dict, comparisons: list[dic
       'Every held-out document is scored alone by the Evaluator; shares are pooled over documents '
       'with their standard error over documents (ratio estimator), at unforced positions only (the '
       'first and last position of a row always end a chunk at every level). prec1: share of stage-1 '
-      'chunk ends at a phrase end (the mark or the space after it, `multistage.phrase_end`); chance: '
+      'chunk ends at a phrase end (the mark or the space after it, `boundary_stats.phrase_end`); chance: '
       "the same share of the run's own stage-0 chunk ends (a stage-1 chunk can end only where a "
       'stage-0 chunk ends); lift = prec1 - chance, paired over documents. before: the same one word '
       "before a phrase end (at the space before the phrase's last word, "
-      '`multistage.before_phrase_end`); first: the same one word after it (at the space after the '
-      "next phrase's first word, `multistage.after_phrase_start`): the other places a chunk can "
+      '`boundary_stats.before_phrase_end`); first: the same one word after it (at the space after the '
+      "next phrase's first word, `boundary_stats.after_phrase_start`): the other places a chunk can "
       'close a phrase at. rate1: stage-1 ends per stage-0 chunk. word prec0 / rec0: stage-0 ends at '
       'spaces / spaces ending a stage-0 chunk. greedy: p > 1/2; sample: drawn as in training (and '
       'in bpb).',
