@@ -35,7 +35,8 @@ VARIANTS = {
     'no_batch_relative': ('estimator.baseline=none',),
     'no_early_exit': ('estimator.reward=plain',),
     'w8': ('boundary.policy.window=8',),
-    'no_rate_loss': ('estimator.rate_loss=false',),
+    # Nothing holds the rate down: room for a chunk per byte (the trainer refuses less).
+    'no_rate_loss': ('estimator.rate_loss=false', 'model.capacity=256'),
 }
 REFERENCE = 'full'
 # The paper's ablation table (40M parameters on FineWeb; its full method is the sequential w = 8
