@@ -241,7 +241,8 @@ def main(argv):
       'JAX_COMPILATION_CACHE_DIR', os.path.expanduser('~/.cache/tokjax/xla-ladder')
   )
   scoring = ladder.Scoring(greedy=True)
-  every = [r for rs in runs.values() for r in rs]
+  # Seed by seed, so that a study stopped early has every variant at the seeds it reached.
+  every = [rs[i] for i in range(len(seeds)) for rs in runs.values()]
   failures = 0
   if not f.report:
     failures = ladder.execute(
