@@ -9,8 +9,8 @@ the sequential policy w = 8 (the proxy's is the independent w = 1), no rate loss
 (tokjax/lab/ladder.py: the same scheduler, resume, --jobs and packing), scored on the test split with
 sampled and greedy boundaries; each variant is paired against 'full' on the same test windows with
 the window, document-clustered and seed errors, and judged by the seed rule (`evaluation.verdict`).
---variants NAME:FIELD=VALUE adds a variant of your own; --budget, --lr and --corpus move the whole
-table (e.g. the main job: `--corpus stdlib_docs --budget 2457600 --lr 2e-3`).
+--variants NAME:FIELD=VALUE adds a variant of your own; --budget, --lr, --corpus and --set
+FIELD=VALUE move the whole table (the main job: `--corpus stdlib_docs --budget 2457600 --lr 2e-3`).
 
 OUT gets results.json (every number of the table), README-ready markdown on stdout with the paper's
 numbers beside tokjax's, and ablation.png: validation whitespace recall over training per variant
@@ -231,6 +231,7 @@ def main(argv):
     seeds = [int(s) for s in f.seeds]
   except ValueError:
     raise UserError(f'--seeds takes integers, e.g. 0,1,2 (got {",".join(f.seeds)}).') from None
+  variants = {name: tuple(f.set) + tuple(o) for name, o in variants.items()}
   runs = plan(variants, seeds, f.budget, f.lr, f.corpus, f.tiny)
   for rs in runs.values():
     ladder.build_config(rs[0])  # Bad overrides stop here with one line, before any run starts.
@@ -273,6 +274,7 @@ def main(argv):
 
 def define_flags():
   flags.DEFINE_list('variants', [], 'Variants (default: all of VARIANTS), or NAME:FIELD=VALUE.')
+  flags.DEFINE_multi_string('set', [], 'FIELD=VALUE config override for every variant.')
   flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds of every variant.')
   flags.DEFINE_string('corpus', 'shakespeare', 'Corpus spec (see tokjax/data/corpora.py).')
   flags.DEFINE_float('budget', 4e6, 'Training bytes per run.')
