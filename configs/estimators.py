@@ -3,30 +3,13 @@ r"""The score-function method under each estimator baseline at equal compute, on
   python -m tokjax.train --config configs/estimators.py:rloo2x8 --config.data.corpus=shakespeare
   python -m tokjax.lab.estimator_training --corpus shakespeare --steps 600 --seeds 0,1,2
 
-configs/default.py with the variant's baseline (tokjax/estimator.py, `estimator.BASELINES`) and
-batch. "Draws" = boundary draws per step, each one pass of the main and decoder stacks over a 256-byte
-sequence, i.e. what sets the step's cost:
-
-  full      the paper's batch-relative advantage, B = 16 sequences x 1 draw       (16 draws/step)
-  gae       learned value baseline + GAE(0.99, 0.95), B = 16 x 1                  (16 draws/step)
-  rloo4x4   leave-one-out over K = 4 draws of each of B = 4 sequences             (16 draws/step)
-  rloo2x8   leave-one-out over K = 2 draws of each of B = 8 sequences             (16 draws/step)
-  rloo4x16  K = 4 draws of B = 16 sequences: 4x the compute, a reference only     (64 draws/step)
-
-'gae': a critic head (Dense-GELU-Dense on the detached encoder state) predicts the discounted return
-G_t, trained by estimator.value.weight * MSE against the detached G_t (relative to mean G_t^2); the
-policy's advantages are GAE(gamma = 0.99, lambda = 0.95) of the early-exit rewards.
-'rloo*': a draw's per-position reward is centred by the mean of the other draws of the same sequence
-(unbiased at any gamma), then discounted with gamma = 0.99; the draws of one sequence share its
-encoder pass; the LM loss averages the draws.
-`,tiny` shrinks the model (presets.tiny) and scales B by 4 / 16 (full: 4 x 1, rloo4x4: 1 x 4).
-Expect (Shakespeare, 600 steps, 3 seeds, 6-7 min per run on one core; results/estimators/training/):
-sampled whitespace recall over steps 450-600 of 0.959 ± 0.019 (full), 0.928 ± 0.085 (gae; one seed
-stayed at 0.83), 0.995 ± 0.003 (rloo4x4), 0.996 ± 0.003 (rloo2x8); at step 200 0.88 (full) against
-0.98 (both RLOO); final val bpb 2.554 ± 0.002 (full), 2.557 ± 0.006 (gae), 2.776 ± 0.033 (rloo4x4),
-2.642 ± 0.013 (rloo2x8: half the training bytes). Lab (results/estimators/): RLOO is unbiased with
-3.2x less variance per draw than the default's estimator at L = 256; the learned critic leaves 450x
-more variance than an ideal one would.
+configs/default.py with the variant's baseline (`estimator.BASELINES`) and batch, 16 boundary draws
+per step each: full (the paper's batch-relative advantage, 16 x 1), gae (learned value baseline +
+GAE(0.99, 0.95), 16 x 1), rloo4x4 and rloo2x8 (leave-one-out over K draws of B sequences), rloo4x16
+(4x the compute, a reference only); ',tiny': smoke-test size. 6-7 minutes a run on one core.
+Expect (Shakespeare, 600 steps, 3 seeds; results/estimators/README.md): sampled whitespace recall
+over steps 450-600 of 0.959 +- 0.019 (full), 0.928 +- 0.085 (gae), 0.995 +- 0.003 (rloo4x4), 0.996
++- 0.003 (rloo2x8); final val bpb 2.554, 2.557, 2.776 and 2.642 (RLOO: fewer training bytes).
 """
 
 from tokjax import config_defaults, config_files, presets

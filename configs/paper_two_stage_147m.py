@@ -3,26 +3,13 @@ r"""The paper's 147M budget with two levels of learned boundaries (bytes -> chun
   python -m tokjax.data.prepare hf:fineweb --out data/fineweb_147m --max_bytes 6600000000   # once
   python -m tokjax.train --config configs/paper_two_stage_147m.py   # then train (launch/README.md)
 
-configs/paper_147m_fineweb.py (d_model 768, 12 heads, sequence 4096, batch 128, 6e9 bytes, bf16,
-w = 8 policy at target rate 0.2 over bytes, 4 byte layers before and after) with its 12 main layers
-split as in H-Net's two-stage model: stage 1 draws chunk ends over the stage-0 chunks with the same
-score-function policy at target rate 0.5 (about 10 bytes per stage-1 chunk), with 4 layers over the
-stage-0 chunks before it and 4 after, and 8 main layers run on the stage-1 chunks. Capacities are
-1.25 x the expected chunk counts: 1024 stage-0 slots (819 expected), 512 stage-1 slots (410).
-The stage-1 layers attend over 64 bytes, the byte layers' window (config.stages.window, in bytes), so
-stage 1 is a bottleneck: only the main layers, one state per stage-1 chunk, read further back, and
-where stage-1 chunks end decides what is carried past 64 bytes (with full attention in the stage-1
-layers their decisions would change the loss only at second order).
-Training FLOPs per byte at the target rates (model FLOPs, tokjax.flops.flops_per_byte):
-344.1 MFLOPs for this config against 350.2 MFLOPs (-1.8%) for the one-stage paper config,
-measured with
-  python -c "from tokjax import config_files as c, flops; a = c.load('paper_147m_fineweb'); \
-      b = c.load('paper_two_stage_147m'); print(flops.flops_per_byte(a, (0.2,)), \
-      flops.flops_per_byte(b, (0.2, 0.5)))"
-Parameters: 184.9M against 146.9M for the one-stage config (the 8 stage-1 layers run on the stage-0
-chunks, where the one-stage model runs its main layers, so equal FLOPs buy 4 more layers), counted
-with jax.eval_shape of models.build_model(c).init (tokjax.lab.common.param_count).
-Not run at scale: tokjax has neither trained nor compiled this config on accelerators.
+configs/paper_147m_fineweb.py with its 12 main layers split as in H-Net's two-stage model: stage 1
+draws ends over the stage-0 chunks (policy at target rate 0.5) with 4 layers before and 4 after it,
+and 8 main layers over the stage-1 chunks; capacities 1.25 x the expected chunk counts (1024, 512);
+stage-1 layers attend over 64 bytes. Cost: 344.1 MFLOPs per training byte against 350.2 for the
+one-stage config (-1.8%; `tokjax.flops.flops_per_byte(config, (0.2, 0.5))`), 184.9M parameters
+against 146.9M (`tokjax.lab.common.param_count`).
+Expect: not run at scale; tokjax has neither trained nor compiled this config on accelerators.
 """
 
 from tokjax.presets import paper_two_stage_config

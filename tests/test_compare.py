@@ -140,11 +140,11 @@ def test_compare_runs_methods_end_to_end(tmp_path, toy_method):
 
 
 def test_readme_extending_example_is_the_tested_toy_method():
-  """README's "Extending tokjax" shows tests/toy_boundary.py, which the test above trains."""
+  """README's "Adding a boundary method" shows tests/toy_boundary.py, which the test above trains."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   with open(os.path.join(root, 'README.md')) as f:
     readme = f.read()
-  example = readme[readme.index('## Extending tokjax') :].split('```python\n')[1].split('```')[0]
+  example = readme[readme.index('## Adding a boundary method') :].split('```python\n')[1].split('```')[0]
   with open(os.path.join(root, 'tests', 'toy_boundary.py')) as f:
     toy = f.read()
   assert example.strip() == toy[toy.index('import flax') :].strip()

@@ -197,3 +197,29 @@ def test_no_rate_loss_with_a_full_buffer_is_valid():
   config_validation.validate(c)
   # Methods without the score function have no rate loss to switch off: nothing to check.
   config_validation.validate(_base(**{'estimator.rate_loss': False, 'boundary.method': 'stride'}))
+
+
+def _repo(*parts):
+  return os.path.join(REPO, *parts)
+
+
+@pytest.mark.parametrize('path', CONFIGS)
+def test_config_docstring_fits_on_one_screen(path):
+  # The command, what it trains, its cost and what to expect; the narrative lives in its study.
+  doc = _load(path).__doc__ or ''
+  assert doc.strip(), f'{path} has no docstring'
+  assert len(doc.strip().splitlines()) <= 15, f'{path}: {len(doc.strip().splitlines())} lines'
+
+
+def test_readme_is_a_front_page_whose_links_exist():
+  import re  # pylint: disable=g-import-not-at-top
+
+  text = open(_repo('README.md')).read()
+  assert len(text.splitlines()) <= 250
+  for doc in sorted(glob.glob(_repo('docs', '*.md'))) + [_repo('README.md')]:
+    body = open(doc).read()
+    for link in re.findall(r'\]\(([^)#]+)', body):
+      if not link.startswith('http'):
+        assert os.path.exists(os.path.join(os.path.dirname(doc), link)), (doc, link)
+    for path in re.findall(r'\b((?:docs|results|configs|launch|tests)/[\w./-]+\.(?:md|py|json|png))', body):
+      assert os.path.exists(_repo(path)), (doc, path)

@@ -1,4 +1,4 @@
-"""A toy boundary method in one file, as a user would add one (README, "Extending tokjax").
+"""A toy boundary method in one file, as a user would add one (README, "Adding a boundary method").
 
 Importing this module registers 'punctuation': a chunk ends at every byte listed in
 config.boundary.punctuation.bytes. A method shipped with tokjax would live in
