@@ -141,7 +141,7 @@ def test_compare_runs_methods_end_to_end(tmp_path, toy_method):
 
 def test_readme_extending_example_is_the_tested_toy_method():
   """README's "Adding a boundary method" shows tests/toy_boundary.py, which the test above trains."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   with open(os.path.join(root, 'README.md')) as f:
     readme = f.read()
   example = readme[readme.index('## Adding a boundary method') :].split('```python\n')[1].split('```')[0]
