@@ -8,9 +8,10 @@ method, and the rivals of tokjax/models/rivals/) and 'flat' (the flat byte Trans
 attention). A method added to the registry is a variant here with no edit. A method trains with the
 score function only when its registry entry says so; the rivals get no policy gradient.
 Hierarchical model, d_model 128, encoder/main/decoder 1/2/1 blocks, L = 256, B = 16, 600 steps on the
-standard-library corpus; `,tiny` shrinks it (presets.tiny). The comparison at equal byte
-budget (`python -m tokjax.lab.compare`) trains these variants; its measured results are in
-results/compare/.
+standard-library corpus; `,tiny` shrinks it (presets.tiny). `python -m tokjax.lab.compare` trains
+these variants at equal bytes. Expect (results/compare/README.md, `--corpus shakespeare --bytes 1e6`,
+one seed, about 100 s a method on 2 cores): per-document val bpb policy 3.009 +- 0.041, H-Net's
+router 2.938 +- 0.047, BPE-guided 2.923 +- 0.045, flat 2.732 +- 0.051.
 """
 
 from tokjax import config_defaults, config_files, presets

@@ -3,10 +3,10 @@ r"""The flat byte Transformer (no chunking): the uncompressed reference, at CPU 
   python -m tokjax.train --config configs/flat_cpu.py
 
 d_model 128, 4 Gemma-2 blocks (full causal attention), sequences of 256 bytes, batch 16, 600 steps on
-the standard-library corpus. Expect (measured on 2 CPU cores shared with other jobs, one XLA thread:
-15m05s): 1.12M parameters, final val bpb 1.856 against gzip -9 1.995 and xz -9 1.681. Per step the
-flat model is ahead of the hierarchical default (2.308 at 0.86M parameters), as at CPU scale the
-chunking buys speed at long sequences, not bits (see README and `python -m tokjax.lab.benchmarks.throughput`).
+the standard-library corpus; 1.12M parameters, 15m05s with one XLA thread on a loaded 2-core machine.
+Expect: final val bpb 1.856 against gzip -9 1.995 and xz -9 1.681. Per step the flat model is ahead
+of the hierarchical default (2.308 at 0.86M parameters): at CPU scale chunking buys speed at long
+sequences, not bits (results/benchmarks/README.md, `python -m tokjax.lab.benchmarks.throughput`).
 """
 
 from tokjax.config_defaults import base_config

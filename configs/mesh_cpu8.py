@@ -8,7 +8,7 @@ tensor (heads, MLP width, vocabulary), so each device holds about a quarter of t
 are the single-device ones to float round-off (tests/test_sharding.py checks 1e-5); this config is
 the quick end-to-end check that a sharded run trains, evaluates and checkpoints from one command.
 Hierarchical model, d_model 64, 4 heads, 1/1/1 blocks, L = 128, 200 steps on the standard library.
-Expect (measured on 2 busy CPU cores, pinned to one, 1m24s): 0.17M parameters, mesh
+Expect (1m24s on one core of a loaded machine): 0.17M parameters, mesh
 {'data': 2, 'fsdp': 2, 'tensor': 2}, final val bpb 3.52 (gzip -9 1.995, xz -9 1.681), rate 0.22.
 The run is far too short to learn boundaries (whitespace recall stays at chance, 0.22); it checks the
 plumbing. `--resume` continues it on any other mesh shape, e.g. --config.mesh.fsdp=8

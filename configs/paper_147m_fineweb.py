@@ -11,7 +11,7 @@ lr 1.5e-3 (warmup from 0.15e-3, cosine to 0), AdamW, bf16 compute, grad-clip 1.0
 Expected result (paper, Dauncey & Wattenhofer 2026, Table 1; not reproduced here, which needs
 accelerators): test bits-per-byte 1.297 with w = 8 (1.280 with w = 1, --config.boundary.policy.window=1),
 learned rate 0.204. tokjax has not measured this configuration.
-Slice: compiled ahead of time (python -m tokjax.compile_check, results/scale/), it fits a v5p-8
+Slice: compiled ahead of time (python -m tokjax.compile_check, results/scale/README.md), it fits a v5p-8
 (v5p:2x2x1: 77.1 of 95 GiB per chip) and a v4-32 (v4:2x2x4: 9.8 of 16 GiB per device) as it is; on v4:2x2x1 it needs --config.optim.grad_accum_steps=4 (14.2 of 16 GiB).
 """
 

@@ -10,7 +10,7 @@ d_model 512, 8 heads, encoder/main/decoder 4/6/4, sequence 4096, batch 64, lr 2.
 with one switch flipped.
 Expected result (paper, ablation table, FineWeb validation): rate 0.196, 1.548 bits-per-byte, 0.99 of
 whitespace bytes carrying a boundary. Not measured by tokjax.
-Slice: compiled ahead of time (python -m tokjax.compile_check, results/scale/), it fits a v5p-8
+Slice: compiled ahead of time (python -m tokjax.compile_check, results/scale/README.md), it fits a v5p-8
 (v5p:2x2x1: 19.7 of 95 GiB per chip) and a v4-32 (v4:2x2x4: 2.6 of 16 GiB per device) as it is.
 """
 

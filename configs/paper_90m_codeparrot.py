@@ -8,7 +8,7 @@ r"""The paper's code model: 90M parameters on CodeParrot (documents >= 4096 byte
 d_model 768, 12 heads, encoder/main/decoder 4/6/4, sequence 4096, batch 128, lr 2e-3, 3.4e9 bytes
 (6,484 steps), bf16, w = 8, target rate 0.2.
 Expected result (paper): validation loss 0.568 (H-Net routing: 0.769). Not measured by tokjax.
-Slice: compiled ahead of time (python -m tokjax.compile_check, results/scale/), it fits a v5p-8
+Slice: compiled ahead of time (python -m tokjax.compile_check, results/scale/README.md), it fits a v5p-8
 (v5p:2x2x1: 58.6 of 95 GiB per chip) and a v4-32 (v4:2x2x4: 7.6 of 16 GiB per device) as it is.
 """
 

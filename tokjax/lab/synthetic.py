@@ -37,7 +37,7 @@ lexicon, each closed by a space, in phrases of a fixed phrase book, each closed 
 exact copy, so a copied phrase's original lies beyond the stage-1 layers' window
 (configs/synthetic_two_stage.py: 32 bytes). The book holds every stem at every length, so a
 phrase's end shows only at its mark (`--book distinct`: the corpus of the results before
-results/synthetic/phrase_ends/); `--marks_by sentence` and `--order successor` are two variants
+results/synthetic/README.md); `--marks_by sentence` and `--order successor` are two variants
 (`PhraseSpec`). Runs: the variants of configs/synthetic_two_stage.py
 (learned, uniform, no_rl), trained in WORKDIR/RUN by `common.train_or_load`; `--set
 RUN:path=VALUE` overrides a config field of one run. Every checkpoint is scored by the run's
@@ -276,7 +276,7 @@ class PhraseSpec:
     sentence: its last phrase closes with the last of `marks` ('.'), every other with the first
     (','), so a '.' says that the block's copy may begin, which only the main layers can read, and
     only from a stage-1 chunk ending at the '.' (measured: it drew no more stage-1 ends to '.' than
-    to ','; results/synthetic/phrase_ends/).
+    to ','; results/synthetic/README.md).
   order: 'random' = every phrase drawn from the whole book. 'successor' = every phrase of the book
     has `successors` fixed successors, and the phrase after a phrase (a block's first phrase
     included; a copy repeats its block) is one of them, so what follows a phrase depends on the
