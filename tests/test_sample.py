@@ -1,29 +1,21 @@
 """Tests of cached generation: it agrees with recomputing the whole model for every byte."""
 
-from conftest import jit_call
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from test_decoding import fresh_model
 
-from tokjax import checkpointing, config_defaults, decoding, models, sample
+from tokjax import checkpointing, config_defaults, decoding, sample
 from tokjax.errors import UserError
 
 
 def _fresh(window: int):
   c = config_defaults.base_config()
   c.model.d_model, c.model.byte_window, c.model.main_layers = 32, 8, 2
-  c.boundary.policy.window, c.boundary.policy.scale = (
-      window,
-      4.0,
-  )  # A sequential policy reads its own history.
-  model = models.build_model(c)
-  params = nn.unbox(
-      jit_call(model.init, jax.random.PRNGKey(1), *models.init_args(c, 1, 32))['params']
-  )
-  if window == 1:  # The independent policy has no logit scale: spread its logits directly instead.
-    params['boundary']['proj']['kernel'] = params['boundary']['proj']['kernel'] * 100.0
-  return model, params
+  # A sequential policy reads its own history.
+  c.boundary.policy.window, c.boundary.policy.scale = window, 4.0
+  # The independent policy has no logit scale: spread its logits directly instead.
+  return fresh_model(c, spread=100.0 if window == 1 else 1.0)
 
 
 @pytest.mark.parametrize(

@@ -332,7 +332,8 @@ def slide(
   bytes of the text so far, and room for new bytes; when it is full, the next step restarts from BOS
   and the last window // 2 bytes. So memory stays O(window) for any length, and the model never sees
   more positions than in training. The first step keeps as much of the prompt as fits with at least
-  min(max_bytes, window - 1 - window // 2) new bytes (a longer prompt is cut from the left).
+  min(max_bytes, window - 1 - window // 2) new bytes: all of a shorter prompt, the last bytes of a
+  longer one.
 
   Rows of different prompt lengths share a buffer (`generate`'s lengths); a buffer's length is
   `buffer_length` of what its rows need, so a few shapes compile. Step i draws with fold_in(key, i).
@@ -350,7 +351,9 @@ def slide(
   step = 0
   while any(m < max_bytes for m in made):
     live = [i for i, m in enumerate(made) if m < max_bytes]
-    ctx = [texts[i][len(texts[i]) - (first_keep if step == 0 else keep) :] for i in live]
+    # The last `cut` bytes, all of a shorter text (a negative start would cut from the wrong end).
+    cut = first_keep if step == 0 else keep
+    ctx = [texts[i][max(0, len(texts[i]) - cut) :] for i in live]
     need = max(1 + len(c) + max_bytes - made[i] for c, i in zip(ctx, live))
     n = buffer_length(need, window)
     # Finished rows are replaced by copies of a live one: the batch keeps its compiled size.

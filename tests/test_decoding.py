@@ -1,0 +1,207 @@
+"""Generation against the model's own training forward pass, and sliding generation past the window.
+
+The models are the tests' tiny configs at a fresh initialisation, their boundary logits spread: the
+6-step fixture run `tiny_run` is too short to decide boundaries greedily (after TEXT[:10] its greedy
+policy closed no chunk past the forced first one and its greedy bytes repeated one byte), which
+would leave the comparisons vacuous.
+"""
+
+from conftest import jit_call, tiny_config, tiny_two_stage_config
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from tokjax import decoding, models
+from tokjax.data import PAD_ID
+
+# Code, so that a greedy continuation depends on more than the last few bytes.
+TEXT = (
+    b'import os\nimport sys\n\n\ndef main(argv):\n  """Prints every file under the folders named.'
+    b'"""\n  for path in argv[1:]:\n    for root, _, files in os.walk(path):\n'
+)
+
+
+def fresh_model(config, spread: float = 1.0, seed: int = 1, scale: float = 1.0):
+  """config's model and fresh parameters (init key `seed`), all of them times `scale`, and every
+  boundary policy's projection times `spread` more (at initialisation the policy's logits hardly move
+  from its bias, so every greedy decision would be the same)."""
+  model = models.build_model(config)
+  args = models.init_args(config, 1, 32)
+  params = nn.unbox(jit_call(model.init, jax.random.PRNGKey(seed), *args)['params'])
+  params = jax.tree_util.tree_map(lambda x: x * scale, params)
+  for name in params:
+    if name == 'boundary' or name.startswith('inner_boundaries_'):
+      params[name]['proj']['kernel'] = params[name]['proj']['kernel'] * spread
+  return model, params
+
+
+@pytest.fixture(scope='module')
+def one_stage():
+  c = tiny_config('')
+  # Byte layers over 8 positions: generation runs past their ring buffers. Capacity: no chunk dropped.
+  c.model.update(byte_window=8, main_layers=2, capacity=128)
+  c.boundary.policy.window, c.boundary.policy.scale = 3, 4.0  # Reads its own history.
+  return fresh_model(c, spread=10.0)
+
+
+@pytest.fixture(scope='module')
+def two_stage():
+  c = tiny_two_stage_config('')
+  c.model.capacity, c.stages.capacity = 128, (64,)
+  # At seed 1, or unscaled, its greedy bytes after TEXT[:10] soon repeat one byte.
+  return fresh_model(c, spread=15.0, seed=2, scale=2.0)
+
+
+def training_forward(model, params, tokens, levels):
+  """The training forward (`model.apply` in mode 'given', as `losses.hierarchical_objective` calls it
+  with `actions`) on tokens int32[B, N] whose chunk ends at every stage are levels float32[B, S, N].
+
+  One spare PAD position at the end takes the convention's forced last boundary, as the buffers of
+  generation do, so the decision at N - 1 is the generated one. Stage s >= 1 decides on the chunks of
+  stage s - 1: its action at a chunk is whether a stage-s chunk ends on that chunk's last byte.
+  Returns the `interface.ModelOutput` over N + 1 positions.
+  """
+  tokens = np.pad(tokens, ((0, 0), (0, 1)), constant_values=PAD_ID)
+  levels = np.pad(levels, ((0, 0), (0, 0), (0, 1)))
+  levels[:, 0, -1] = 1.0  # The convention forces it; marked here, it ends stage 1's last input.
+  capacities = model.capacities()
+  # Every stage's chunks fit its buffer: the forward drops none, as generation (whose buffers hold
+  # every possible chunk) does not.
+  assert all(levels[:, s].sum(-1).max() < capacities[s] for s in range(model.num_stages))
+  given = [levels[:, 0]]
+  for s in range(1, model.num_stages):
+    acts = np.zeros((tokens.shape[0], capacities[s - 1]), np.float32)
+    for b in range(tokens.shape[0]):
+      ends = np.flatnonzero(levels[b, s - 1])
+      acts[b, : len(ends)] = levels[b, s, ends]
+    given.append(acts)
+  actions = given[0] if model.num_stages == 1 else tuple(given)
+  key = jax.random.PRNGKey(0)  # Read by no stage: every decision is given.
+  return jax.device_get(
+      jit_call(model.apply, {'params': params}, tokens, key, mode='given', actions=actions)
+  )
+
+
+def test_training_forward_reads_the_given_boundaries(one_stage):
+  # The reference below is not vacuous: other boundaries on the same bytes give other logits.
+  model, params = one_stage
+  tokens = np.asarray(decoding.encode_prompt(TEXT[:50], batch=2))
+  every_fourth = np.broadcast_to(np.arange(tokens.shape[1]) % 4 == 0, (2, 1, tokens.shape[1]))
+  every_fourth = every_fourth.astype(np.float32)
+  a = training_forward(model, params, tokens, every_fourth)
+  b = training_forward(model, params, tokens, np.roll(every_fourth, 1, axis=-1))
+  assert np.abs(a.logits[:, :-1] - b.logits[:, :-1]).max() > 1e-2
+
+
+def _prompts():
+  """Two rows, prompts of 10 and 5 bytes sharing one buffer (`generate`'s lengths, as `slide` runs
+  them) -> (int32[2, 11] buffer, int32[2] lengths)."""
+  buf = np.array(decoding.encode_prompt(TEXT[:10], batch=2))
+  buf[1, 1:6], buf[1, 6:] = np.frombuffer(TEXT[40:45], np.uint8), PAD_ID
+  return buf, np.array([11, 6], np.int32)
+
+
+def _check(gen, levels, out, p):
+  """Generation's logits are the forward's; it made varied bytes and every stage varied chunks, so
+  the agreement is not vacuous."""
+  np.testing.assert_allclose(gen['logits'].swapaxes(0, 1), out.logits[:, :-1], atol=1e-4)
+  assert len(np.unique(gen['tokens'][:, p:])) > 3, 'varied bytes, not one repeated'
+  for s in range(levels.shape[1]):
+    assert 0 < levels[:, s, 1:].sum() < levels[:, s, 1:].size, f'stage {s} has varied chunks'
+
+
+@pytest.mark.parametrize(
+    'mode,temperature,top_k,cached',
+    [('greedy', 0.0, 0, True), ('sample', 1.0, 0, True), ('sample', 0.8, 40, False)],
+)
+def test_one_stage_generation_gives_the_training_forward_logits(
+    one_stage, mode, temperature, top_k, cached
+):
+  model, params = one_stage
+  prompt, lengths = _prompts()
+  key, p = jax.random.PRNGKey(3), prompt.shape[1]
+  args = (model, params, prompt, key, 40, mode, temperature, top_k, cached)
+  gen = jax.device_get(decoding.generate(*args, lengths=lengths))
+  levels = gen['actions'][:, None]
+  out = training_forward(model, params, gen['tokens'], levels)
+  _check(gen, levels, out, p)
+  np.testing.assert_allclose(gen['policy_logits'].T, out.boundaries.logits[:, :-1], atol=1e-4)
+  if mode == 'greedy':
+    # The bytes and boundaries are the forward's most likely ones.
+    np.testing.assert_array_equal(gen['tokens'][:, p:], out.logits[:, p - 1 : -2, :256].argmax(-1))
+    np.testing.assert_array_equal(gen['actions'][:, 1:], out.boundaries.logits[:, 1:-1] > 0)
+
+
+@pytest.mark.parametrize('mode,temperature,top_k', [('greedy', 0.0, 0), ('sample', 1.0, 0)])
+def test_two_stage_generation_gives_the_training_forward_logits(
+    two_stage, mode, temperature, top_k
+):
+  model, params = two_stage
+  assert model.num_stages == 2
+  prompt, lengths = _prompts()
+  key, p = jax.random.PRNGKey(3), prompt.shape[1]
+  args = (model, params, prompt, key, 40, mode, temperature, top_k)
+  gen = jax.device_get(decoding.generate_stages(*args, lengths=lengths))
+  out = training_forward(model, params, gen['tokens'], gen['actions'])
+  _check(gen, gen['actions'], out, p)
+  if mode == 'greedy':
+    np.testing.assert_array_equal(gen['actions'][:, 0, 1:], out.boundaries.logits[:, 1:-1] > 0)
+    np.testing.assert_array_equal(gen['tokens'][:, p:], out.logits[:, p - 1 : -2, :256].argmax(-1))
+
+
+def slid_by_hand(model, params, prompt: bytes, window: int, max_bytes: int) -> list[bytes]:
+  """The bytes of every step of greedy `decoding.slide` on one prompt as its docstring describes it,
+  each step one plain greedy `generate` on BOS + the step's context: the first step keeps
+  min(len(prompt), window - 1 - min(max_bytes, window - 1 - window // 2)) bytes of the prompt, every
+  later one the last window // 2 bytes of the text so far; a step fills the window."""
+  first = window - 1 - min(max_bytes, window - 1 - window // 2)
+  text, steps, made = prompt, [], 0
+  while made < max_bytes:
+    cut = first if not steps else window // 2
+    ctx = text[len(text) - min(len(text), cut) :]
+    num = window - 1 - len(ctx)
+    out = decoding.generate(
+        model, params, decoding.encode_prompt(ctx), jax.random.PRNGKey(0), num, 'greedy', 0.0
+    )
+    new = bytes(np.asarray(out['tokens'])[0, 1 + len(ctx) :][: max_bytes - made].tolist())
+    steps.append(new)
+    text, made = text + new, made + len(new)
+  return steps
+
+
+def test_sliding_generation_keeps_the_prompt_its_docstring_says(one_stage):
+  model, params = one_stage
+  window = 64  # With 80 new bytes: three steps, the first keeping up to 32 bytes of the prompt.
+  # Between half of the first step's 32 and 32 bytes (the old code kept 12 and 4 of them), at the
+  # edge, longer, one short of the window, the window and longer.
+  lengths = (20, 28, 32, 33, 63, 64, 100)
+  prompts = [TEXT[:n] for n in lengths]
+  steps = list(
+      decoding.slide(
+          model,
+          params,
+          prompts,
+          jax.random.PRNGKey(7),
+          window=window,
+          max_bytes=80,
+          mode='greedy',
+          temperature=0.0,
+      )
+  )
+  slid = [[news[i][0] for news in steps if news[i][0]] for i in range(len(prompts))]
+  wrong = [len(p) for p, s in zip(prompts, slid) if s != slid_by_hand(model, params, p, window, 80)]
+  assert not wrong, f'prompts of these lengths slid otherwise: {wrong}'
+  # A prompt that fits, up to the edge: the first step's bytes are greedy `generate`'s on the whole
+  # prompt.
+  for i, n in enumerate(lengths[:3]):
+    whole = decoding.generate(
+        model,
+        params,
+        decoding.encode_prompt(prompts[i]),
+        jax.random.PRNGKey(0),
+        63 - n,
+        'greedy',
+        0.0,
+    )
+    assert slid[i][0] == bytes(np.asarray(whole['tokens'])[0, 1 + n :].tolist()), f'{n} bytes'
