@@ -1,8 +1,11 @@
 """Tests of the lm-evaluation-harness adapter: scores equal tokjax's own cross-entropy, windows and
 left truncation, is_greedy, batch invariance, the offline tasks end to end (one-stage, two-stage and
-flat checkpoints), the continuation bits-per-byte, sliding generation, and one-line errors."""
+flat checkpoints), the continuation bits-per-byte of the gold however a task gives it, a task whose
+gold cannot be found, sliding generation, and one-line errors."""
 
 import itertools
+import json
+import logging
 import math
 import os
 import subprocess
@@ -13,7 +16,8 @@ import lm_eval
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, config_files, evaluate, presets, sample, train
+from tokjax import checkpointing, config_files, evaluate, evaluation, presets, sample, train
+from tokjax.data import BOS_ID
 from tokjax.errors import UserError
 from tokjax.lm_eval import model as lm_model
 from tokjax.lm_eval import scoring, tasks
@@ -21,6 +25,14 @@ from tokjax.lm_eval import scoring, tasks
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK_DIR = os.path.join(REPO, 'tests', 'lm_eval_tasks')
 ALL_TASKS = ['tokjax_mc', 'tokjax_lastword', 'tokjax_rolling', 'tokjax_generate']
+# The group tokjax_gold: tokjax_mc's gold as answer text and as a list, numbers as answer text,
+# multiple inputs.
+GOLD_TASKS = ['tokjax_mc_text', 'tokjax_mc_list', 'tokjax_mc_digits', 'tokjax_fill']
+
+
+def task_rows(name):
+  with open(os.path.join(TASK_DIR, name)) as f:
+    return [json.loads(line) for line in f]
 
 
 @pytest.fixture(scope='module')
@@ -35,7 +47,7 @@ def manager():
 
 @pytest.fixture(scope='module')
 def report(lm, manager):
-  return tasks.evaluate(lm, ALL_TASKS, manager)
+  return tasks.evaluate(lm, ALL_TASKS + ['tokjax_gold'], manager)
 
 
 @pytest.fixture(scope='module')
@@ -111,15 +123,31 @@ def test_is_greedy_on_the_argmax_byte(lm):
   assert [s.is_greedy for s in second] == [b == int(np.argmax(lp2)) for b in range(256)]
 
 
-def test_left_truncation_keeps_the_last_bytes(lm):
-  n = lm.seq_len
+def test_left_truncation_reads_the_cut_text_as_training_does(lm):
+  """A context longer than the window keeps its last bytes and reads them as a training window that
+  starts inside a document: the byte before the predicted ones at position 0, no BOS. Only a row at
+  the text's start reads BOS first."""
+  n, model, params = lm.seq_len, lm.ckpt.model, lm.ckpt.params
   ctx, cont = bytes(range(65, 91)) * 10, b' end'  # 260 bytes of context: more than the window.
-  long, kept, shorter = lm.scorer.score(
-      [ctx + cont, ctx[-(n - len(cont)) :] + cont, ctx[-(n - len(cont) - 1) :] + cont],
-      [len(ctx), n - len(cont), n - len(cont) - 1],
+  text = ctx + cont
+  long, kept, at_start = lm.scorer.score(
+      [text, text[-(n + 1) :], text[-n:]], [len(ctx), n + 1 - len(cont), n - len(cont)]
   )
-  assert long.logprob == pytest.approx(kept.logprob, abs=1e-6)  # BOS + the last n bytes.
-  assert long.logprob != pytest.approx(shorter.logprob, abs=1e-6)  # One byte less context differs.
+  assert long.logprob == pytest.approx(kept.logprob, abs=1e-6)  # The last n + 1 bytes.
+  assert long.logprob != pytest.approx(at_start.logprob, abs=1e-6)  # BOS + the last n bytes.
+
+  def forward_logprob(inputs):
+    targets = np.frombuffer(text[-n:], np.uint8).astype(np.int32)[None]
+    mask = np.zeros((1, n), np.float32)
+    mask[0, -len(cont) :] = 1.0
+    batch = {'inputs': np.asarray(inputs, np.int32)[None], 'targets': targets, 'mask': mask}
+    ce, _ = evaluation._forward(model, 'greedy', params, batch, lm.key)  # pylint: disable=protected-access
+    return -float(np.asarray(ce).sum(dtype=np.float64))
+
+  as_training = np.frombuffer(text[-(n + 1) : -1], np.uint8)  # The model's own training reading.
+  after_bos = np.concatenate([[BOS_ID], np.frombuffer(text[-n:-1], np.uint8)])
+  assert long.logprob == pytest.approx(forward_logprob(as_training), abs=1e-4)
+  assert at_start.logprob == pytest.approx(forward_logprob(after_bos), abs=1e-4)
 
 
 def test_batch_size_does_not_change_scores(lm):
@@ -153,9 +181,7 @@ def test_offline_tasks_end_to_end(report):
 def test_continuation_bpb_by_hand(report, lm):
   """The per-sample cont_bpb of the LAMBADA-style and rolling tasks, recomputed from the task files
   with the scorer: -log2 p(' ' + last word | the rest) / its UTF-8 bytes."""
-  import json  # pylint: disable=g-import-not-at-top
-
-  rows = [json.loads(l) for l in open(os.path.join(TASK_DIR, 'tokjax_lastword.jsonl'))]
+  rows = task_rows('tokjax_lastword.jsonl')
   ctx = [' '.join(r['text'].split(' ')[:-1]).encode() for r in rows]
   cont = [(' ' + r['text'].split(' ')[-1]).encode() for r in rows]
   scores = lm.scorer.score([a + b for a, b in zip(ctx, cont)], [len(a) for a in ctx])
@@ -164,9 +190,7 @@ def test_continuation_bpb_by_hand(report, lm):
   np.testing.assert_allclose(got['per_sample'], hand, rtol=1e-9)
   assert got['mean'] == pytest.approx(np.mean(hand))
   assert got['se'] == pytest.approx(np.std(hand, ddof=1) / math.sqrt(len(hand)))
-  docs = [
-      json.loads(l)['text'].encode() for l in open(os.path.join(TASK_DIR, 'tokjax_rolling.jsonl'))
-  ]
+  docs = [r['text'].encode() for r in task_rows('tokjax_rolling.jsonl')]
   assert max(map(len, docs)) > 2 * lm.seq_len  # Rolling windows are exercised.
   rolled = lm.scorer.score(docs, [0] * len(docs))
   np.testing.assert_allclose(
@@ -177,6 +201,84 @@ def test_continuation_bpb_by_hand(report, lm):
   # lm-eval's own bits_per_byte of the rolling task pools the same log-likelihoods over bytes.
   pooled = -sum(s.logprob for s in rolled) / math.log(2) / sum(map(len, docs))
   assert report['results']['tokjax_rolling']['bits_per_byte,none'] == pytest.approx(pooled)
+
+
+def test_gold_index_is_the_one_lm_eval_scores(manager):
+  """For every target type, lm-eval's own process_results counts a sample right exactly when the
+  choice of `tasks.gold_index` has the highest log-likelihood; a gold past the choices has none."""
+  seen = set()
+  for name in ['tokjax_mc', *GOLD_TASKS, 'tokjax_mc_badgold']:
+    task = manager.load(name)['tasks'][name]
+    for doc in task.test_docs():
+      n = len(task.doc_to_choice(doc))
+      try:
+        gold = tasks.gold_index(task, doc)
+      except ValueError as e:
+        assert name == 'tokjax_mc_badgold' and 'not among its 4 choices' in str(e)
+        gold = None
+      right = [
+          task.process_results(doc, [(-float(i != k), False) for i in range(n)])['acc']
+          for k in range(n)
+      ]
+      assert right == [float(k == gold) for k in range(n)], (name, doc)
+      seen.add((name, gold))
+  assert ('tokjax_mc_badgold', None) in seen and ('tokjax_fill', 1) in seen
+
+
+def test_continuation_bpb_of_the_gold_of_every_target_type(report, lm):
+  """The per-sample cont_bpb is that of the gold continuation, recomputed from the task files: an
+  index, the choice's text (a number among them), a list, numbers as text (not read as an index),
+  and multiple inputs (the gold context, the one continuation)."""
+  got = {k: v['per_sample'] for k, v in report['cont_bpb'].items()}
+  mc = task_rows('tokjax_mc.jsonl')
+  cases = {
+      'tokjax_mc': [
+          (f'Question: {r["question"]}\nAnswer:', ' ' + r['choices'][r['answer']]) for r in mc
+      ],
+      'tokjax_mc_digits': [
+          (f'{r["question"]} =', ' ' + r['answer']) for r in task_rows('tokjax_mc_digits.jsonl')
+      ],
+      'tokjax_fill': [
+          (
+              r['sentence'].split('_')[0] + r[f'option{r["answer"] + 1}'],
+              ' ' + r['sentence'].split('_')[1].strip(),
+          )
+          for r in task_rows('tokjax_fill.jsonl')
+      ],
+  }
+  for name, pairs in cases.items():
+    ctx, cont = [c.encode() for c, _ in pairs], [t.encode() for _, t in pairs]
+    scores = lm.scorer.score([a + b for a, b in zip(ctx, cont)], [len(a) for a in ctx])
+    hand = [-s.logprob / math.log(2) / len(b) for s, b in zip(scores, cont)]
+    np.testing.assert_allclose(got[name], hand, rtol=1e-6, err_msg=name)
+  for name in ('tokjax_mc_text', 'tokjax_mc_list'):  # The same requests as tokjax_mc.
+    np.testing.assert_array_equal(got[name], got['tokjax_mc'], err_msg=name)
+  assert {r['answer'] for r in task_rows('tokjax_fill.jsonl')} == {0, 1}
+  assert 0 <= report['results']['tokjax_gold']['acc,none'] <= 1  # The group's own score.
+
+
+def test_a_task_without_gold_keeps_the_run(lm, manager, caplog):
+  """A task whose gold cannot be found (here one sample's gold index is past its choices) loses only
+  its cont_bpb, with its reason and one warning line: its other metrics, the other tasks, the table
+  and the JSON are all there."""
+  with caplog.at_level(logging.WARNING, logger='absl'):
+    rep = tasks.evaluate(lm, ['tokjax_mc_badgold', 'tokjax_mc'], manager, limit=5)
+  r = rep['results']
+  assert r['tokjax_mc_badgold']['cont_bpb,none'] == 'N/A'
+  assert 0 <= r['tokjax_mc_badgold']['acc,none'] <= 0.8  # The past-the-choices sample is wrong.
+  assert (
+      'doc 4: its gold 4 is not among its 4 choices'
+      in rep['cont_bpb']['tokjax_mc_badgold']['unscorable']
+  )
+  assert np.isfinite(r['tokjax_mc']['cont_bpb,none']) and rep['cont_bpb']['tokjax_mc']['n'] == 5
+  warned = [m for m in caplog.messages if 'cont_bpb' in m]
+  assert len(warned) == 1 and 'tokjax_mc_badgold' in warned[0] and '\n' not in warned[0]
+  row = [l for l in tasks.table(rep).splitlines() if 'cont_bpb' in l]
+  assert sorted('N/A' in l for l in row) == [False, True]  # tokjax_mc_badgold's and tokjax_mc's.
+  assert json.loads(json.dumps(rep, default=str))['cont_bpb'].keys() == {
+      'tokjax_mc',
+      'tokjax_mc_badgold',
+  }
 
 
 def test_generation_stops_and_slides(lm):

@@ -6,7 +6,8 @@ optional extra `pip install -e '.[eval]'`.
 
 Requests are byte strings (UTF-8 of lm-eval's text, leading spaces included):
   - loglikelihood (context, continuation): the summed log-probability of the continuation's bytes
-    after BOS + context, and whether every one is the argmax byte (`scoring`);
+    after BOS + context (a context cut from the left: no BOS, see `scoring`), and whether every one
+    is the argmax byte;
   - loglikelihood_rolling (text,): the log-probability of all its bytes, in rolling windows
     (`scoring.windows`);
   - generate_until (context, gen_kwargs): `decoding.slide` until a stop string (gen_kwargs 'until')

@@ -9,12 +9,16 @@ Scores, per task (the JSON's results[task], the printed table):
   - cont_bpb: per sample, the bits-per-byte of the correct continuation, -log2 p(continuation |
     context) / its length in UTF-8 bytes (lm-eval's leading space included; for a rolling task the
     whole document), averaged over samples with its standard error (sample s.d. / sqrt(n)).
-    Generative tasks have none.
+    Generative tasks have none. The correct choice of a multiple-choice sample is found as lm-eval's
+    own process_results finds it (`gold_index`); a task where it cannot be found keeps every other
+    metric, and its cont_bpb is 'N/A' with the reason in report['cont_bpb'][task]['unscorable'].
 """
 
 import math
+import numbers
 import os
 
+from absl import logging
 import numpy as np
 
 from tokjax.errors import UserError
@@ -22,29 +26,50 @@ from tokjax.errors import UserError
 CONT_BPB = 'cont_bpb'
 
 
-def sample_continuation_bpb(sample: dict) -> float | None:
+def gold_index(task, doc) -> int:
+  """The index of the correct choice of a multiple_choice doc, found as lm-eval's
+  ConfigurableTask.process_results finds it: from doc_to_text for a multiple_input task (winogrande:
+  one context per choice, one continuation), else from doc_to_target; an integer is the index, a
+  string the text of the choice, a list the correct choices (the first is taken). task: the lm-eval
+  Task that scored doc. Raises ValueError when the gold is not among the choices (lm-eval counts
+  such a sample wrong, with a warning)."""
+  choices = task.doc_to_choice(doc)
+  gold = task.doc_to_text(doc) if task.multiple_input else task.doc_to_target(doc)
+  first = gold[0] if isinstance(gold, (list, tuple)) and len(gold) else gold
+  if isinstance(first, str) and first in choices:
+    return choices.index(first)
+  if isinstance(first, numbers.Integral) and 0 <= first < len(choices):
+    return int(first)
+  raise ValueError(f'its gold {gold!r} is not among its {len(choices)} choices')
+
+
+def sample_continuation_bpb(sample: dict, gold: int = 0) -> float | None:
   """The bits-per-byte of the correct continuation of one logged lm-eval sample (None for a
-  generative task). sample: an entry of simple_evaluate(...)['samples'][task]."""
+  generative task). sample: an entry of simple_evaluate(...)['samples'][task]; gold: the index of
+  the correct request of a multiple_choice sample (`gold_index`)."""
   args, resps = sample['arguments'], sample['filtered_resps']
   if not args or isinstance(args[0][1] if len(args[0]) > 1 else None, dict):
     return None  # generate_until: (context, generation kwargs).
   if len(args[0]) == 1:  # loglikelihood_rolling: (text,) -> log-likelihood.
     text, ll = args[0][0], resps[0]
-  else:
-    gold = sample['target']
-    if len(args) > 1:  # multiple_choice: one (context, choice) per choice, target = gold index.
-      gold = gold[0] if isinstance(gold, (list, tuple)) else gold
-      i = int(gold)
-    else:
-      i = 0
-    text, ll = args[i][1], resps[i][0]
+  else:  # One (context, continuation) per choice; a loglikelihood task has one.
+    text, ll = args[gold][1], resps[gold][0]
   n = len(text.encode('utf-8'))
   return -float(ll) / math.log(2) / n if n else None
 
 
-def continuation_bpb(samples: list[dict]) -> dict | None:
-  """{'mean', 'se', 'n', 'per_sample'} of `sample_continuation_bpb` over a task's samples."""
-  values = [v for v in map(sample_continuation_bpb, samples) if v is not None]
+def continuation_bpb(samples: list[dict], task) -> dict | None:
+  """{'mean', 'se', 'n', 'per_sample'} of `sample_continuation_bpb` over a task's samples. task: the
+  lm-eval Task that scored them. Raises ValueError when a sample's gold cannot be found."""
+  choice = task.OUTPUT_TYPE == 'multiple_choice'
+  values = []
+  for s in samples:
+    try:
+      gold = gold_index(task, s['doc']) if choice else 0
+    except ValueError as e:
+      raise ValueError(f'doc {s["doc_id"]}: {e}') from None
+    if (v := sample_continuation_bpb(s, gold)) is not None:
+      values.append(v)
   if not values:
     return None
   x = np.asarray(values)
@@ -71,6 +96,19 @@ def check_tasks(manager, names: list[str]) -> None:
     )
 
 
+def load_tasks(manager, names: list[str]) -> tuple[list, dict]:
+  """(the Task or Group of each name, to run as simple_evaluate(tasks=...); {task name: Task} of
+  every task among them). Kept so that the gold of each sample is found by the task that scored it.
+  """
+  built, leaves = [], {}
+  for name in names:
+    loaded = manager.load(name)
+    leaves.update(loaded['tasks'])
+    groups = loaded['groups']
+    built += [groups[name]] if name in groups else list(loaded['tasks'].values())
+  return built, leaves
+
+
 def evaluate(lm, names: list[str], manager, limit=None, seed: int = 0) -> dict:
   """Runs the tasks on lm (a `tokjax.lm_eval.model.TokjaxLM`) through lm_eval.simple_evaluate, adds
   cont_bpb to each task's results, and returns {'results', 'cont_bpb', 'versions', 'n-shot',
@@ -78,11 +116,12 @@ def evaluate(lm, names: list[str], manager, limit=None, seed: int = 0) -> dict:
   import lm_eval  # pylint: disable=g-import-not-at-top
 
   check_tasks(manager, names)
+  built, loaded = load_tasks(manager, names)
   # lm-eval's bootstrap forks a process pool unless told not to; forking a JAX process can deadlock.
   os.environ.setdefault('DISABLE_MULTIPROC', '1')
   res = lm_eval.simple_evaluate(
       model=lm,
-      tasks=names,
+      tasks=built,
       task_manager=manager,
       limit=limit,
       log_samples=True,
@@ -93,7 +132,15 @@ def evaluate(lm, names: list[str], manager, limit=None, seed: int = 0) -> dict:
   )
   bpb = {}
   for task, samples in res['samples'].items():
-    stats = continuation_bpb(samples)
+    try:
+      stats = continuation_bpb(samples, loaded[task])
+    # The whole run's scores are in hand: whatever a task's own code raises costs only its cont_bpb.
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      reason = ' '.join(f'{type(e).__name__}: {e}'.split())
+      logging.warning('%s: cont_bpb not reported, its gold cannot be found: %s', task, reason)
+      bpb[task] = {'unscorable': reason}
+      res['results'][task][f'{CONT_BPB},none'] = 'N/A'
+      continue
     if stats is None:
       continue
     bpb[task] = stats
