@@ -144,7 +144,9 @@ def test_readme_extending_example_is_the_tested_toy_method():
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   with open(os.path.join(root, 'README.md')) as f:
     readme = f.read()
-  example = readme[readme.index('## Adding a boundary method') :].split('```python\n')[1].split('```')[0]
+  example = (
+      readme[readme.index('## Adding a boundary method') :].split('```python\n')[1].split('```')[0]
+  )
   with open(os.path.join(root, 'tests', 'toy_boundary.py')) as f:
     toy = f.read()
   assert example.strip() == toy[toy.index('import flax') :].strip()
