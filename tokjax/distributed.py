@@ -19,6 +19,10 @@ A single multi-GPU node or a single TPU VM needs no initialization: one process 
 import os
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
 
 from tokjax.errors import UserError
 
@@ -78,4 +82,24 @@ def maybe_initialize(mode: str = 'auto') -> bool:
         'host use --config.mesh.multihost=off, on several check the launcher '
         '(see launch/README.md).'
     ) from None
+  connect_collectives()
   return True
+
+
+def connect_collectives() -> None:
+  """Runs one collective over every device while the processes are in step (just after joining).
+
+  On CPU, jax's cross-process collectives go through gloo, whose first collective on a set of devices
+  connects the processes and fails ('Gloo context initialization failed ... GetKeyValue() timed out'
+  or 'Connect timeout') unless every process arrives within gloo's fixed 30 s; later collectives on
+  the same devices reuse that connection and wait as long as XLA lets them (30 minutes). Without this,
+  the train step's first all-reduce would connect, and processes whose compilations end more than
+  30 s apart (a loaded machine, a slower host) would fail. Elsewhere it is a cheap barrier.
+  """
+  mesh = jax.sharding.Mesh(np.array(jax.devices()), ('all',))
+  ones = jax.make_array_from_callback(
+      (jax.device_count(),), NamedSharding(mesh, P('all')), lambda index: np.ones(1, np.int32)
+  )
+  total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))(ones)
+  if int(total) != jax.device_count():
+    raise RuntimeError(f'a sum over {jax.device_count()} devices gave {int(total)}')

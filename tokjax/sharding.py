@@ -149,9 +149,8 @@ def global_batch(local_batch, mesh: Mesh):
   """Global arrays from this process's rows (all rows when there is one process).
 
   local_batch: dict of [B / process_count, ...] numpy arrays, the rows this process read (the grain
-  train iterator gives process p the samples p, p + P, ...). The global batch is their concatenation
-  in process order: a permutation of the rows one process would have read, which the loss and the
-  batch-relative baseline (means over all rows) do not see.
+  train iterator gives process p the contiguous block p of each batch). The global batch is their
+  concatenation in process order: the rows one process would have read, in the same order.
   """
   sharding = batch_sharding(mesh)
   rows = next(iter(jax.tree.leaves(local_batch))).shape[0]

@@ -86,7 +86,7 @@ def prepare_workdir(workdir: str, resume: bool, overwrite: bool = False) -> None
   root = paths.resolve(workdir)
   try:
     root.mkdir(parents=True, exist_ok=True)
-    probe = root / '.write_test'
+    probe = root / f'.write_test{jax.process_index()}'  # Each process its own: they run at once.
     probe.write_text('ok')
     probe.unlink()
   except OSError as e:

@@ -116,8 +116,12 @@ def make_train_iterator(
   """Endless, checkpointable iterator of shuffled training batches.
 
   Each epoch is a different permutation of the examples (grain folds the epoch
-  into the shuffle seed). Process p of P takes global positions p, p + P, ...,
-  so at every step the processes' local batches together form one global batch.
+  into the shuffle seed). Of each global batch of B rows, process p of P takes
+  the contiguous block p (rows p * B / P to (p + 1) * B / P), so the processes'
+  local batches, concatenated in process order (`sharding.global_batch`), are
+  the very batch one process would read, row for row: a run is bitwise the same
+  on one host or several (an interleaved split would reorder the rows, and
+  with them the per-row random boundary draws and the order of every sum).
 
   Args:
     docs: training documents.
@@ -148,12 +152,14 @@ def _train_iterator(
     n_examples: int, get_batch, *, seed, batch_size, process_index, process_count
 ) -> grain.DatasetIterator:
   """The one grain chain of both train iterators (in-memory and prepared): same seed, same rows."""
+  rows = batch_size // process_count
+  own = slice(process_index * rows, (process_index + 1) * rows)
   ds = (
       grain.MapDataset.range(n_examples)
       .shuffle(seed=seed)
-      .repeat()[process_index::process_count]
-      .batch(batch_size // process_count, drop_remainder=True)
-      .map(get_batch)
+      .repeat()
+      .batch(batch_size, drop_remainder=True)  # Example indices only: each process reads its own.
+      .map(lambda indices: get_batch(indices[own]))
   )
   # A batch is one numpy gather (in memory) or a few record reads (prepared): a couple of threads
   # and a short buffer suffice, and keep memory bounded for big batches.
