@@ -9,11 +9,13 @@ would leave the comparisons vacuous.
 from conftest import jit_call, tiny_config, tiny_two_stage_config
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from tokjax import decoding, models
-from tokjax.data import PAD_ID
+from tokjax.data import BOS_ID, PAD_ID
+from tokjax.errors import UserError
 
 # Code, so that a greedy continuation depends on more than the last few bytes.
 TEXT = (
@@ -152,19 +154,25 @@ def test_two_stage_generation_gives_the_training_forward_logits(
 
 def slid_by_hand(model, params, prompt: bytes, window: int, max_bytes: int) -> list[bytes]:
   """The bytes of every step of greedy `decoding.slide` on one prompt as its docstring describes it,
-  each step one plain greedy `generate` on BOS + the step's context: the first step keeps
-  min(len(prompt), window - 1 - min(max_bytes, window - 1 - window // 2)) bytes of the prompt, every
-  later one the last window // 2 bytes of the text so far; a step fills the window."""
+  each step one plain greedy `generate`: the first step's cut is
+  window - 1 - min(max_bytes, window - 1 - window // 2), every later one window // 2; a step reads
+  BOS and the whole text when it fits in the cut, else the last cut + 1 bytes with no BOS; a step
+  fills the window."""
   first = window - 1 - min(max_bytes, window - 1 - window // 2)
   text, steps, made = prompt, [], 0
   while made < max_bytes:
     cut = first if not steps else window // 2
-    ctx = text[len(text) - min(len(text), cut) :]
-    num = window - 1 - len(ctx)
+    buf = [BOS_ID, *text] if len(text) <= cut else list(text[-cut - 1 :])
     out = decoding.generate(
-        model, params, decoding.encode_prompt(ctx), jax.random.PRNGKey(0), num, 'greedy', 0.0
+        model,
+        params,
+        jnp.asarray([buf], jnp.int32),
+        jax.random.PRNGKey(0),
+        window - len(buf),
+        'greedy',
+        0.0,
     )
-    new = bytes(np.asarray(out['tokens'])[0, 1 + len(ctx) :][: max_bytes - made].tolist())
+    new = bytes(np.asarray(out['tokens'])[0, len(buf) :][: max_bytes - made].tolist())
     steps.append(new)
     text, made = text + new, made + len(new)
   return steps
@@ -205,3 +213,12 @@ def test_sliding_generation_keeps_the_prompt_its_docstring_says(one_stage):
         0.0,
     )
     assert slid[i][0] == bytes(np.asarray(whole['tokens'])[0, 1 + n :].tolist()), f'{n} bytes'
+
+
+def test_sliding_generation_refuses_a_window_with_no_room(one_stage):
+  model, params = one_stage
+  steps = decoding.slide(
+      model, params, [b'ab'], jax.random.PRNGKey(0), window=2, max_bytes=4, mode='greedy'
+  )
+  with pytest.raises(UserError, match='window of 2 positions'):
+    next(steps)

@@ -11,8 +11,8 @@ on the full buffer for every byte; --compare runs both with the same key, checks
 same bytes and boundaries and prints both speeds. See tokjax/decoding.py.
 
 Longer than the training seq_len (prompt + --num_bytes + 1 positions), generation slides the window
-(`decoding.slide`: each step restarts from BOS and the last seq_len // 2 bytes, so memory stays
-bounded for any --num_bytes) and prints the text as it is made; boundaries are shown within each step.
+(`decoding.slide`: each later step reads the last seq_len // 2 + 1 bytes, with no BOS before cut
+text, as training reads a window cut from a document; memory stays bounded for any --num_bytes) and prints the text as it is made; boundaries are shown within each step.
 
 A model with several stages (config.model.stages > 1) draws the boundaries of every level on the fly
 and generates without caches (one full forward per byte, `decoding.generate_stages`; the README says
@@ -157,7 +157,7 @@ def main(argv):
       )
     print(
         f'note: {total} positions exceed the training seq_len {seq_len}: the window slides (each '
-        f'step restarts from BOS and the last {seq_len // 2} bytes).'
+        f'later step reads the last {seq_len // 2 + 1} bytes).'
     )
     print(f'--- {f.boundaries} boundaries, {segmentation.legend(stages)} ---')
     print(prompt.decode('utf-8', errors='replace'), end='', flush=True)
