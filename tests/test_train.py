@@ -112,6 +112,7 @@ def test_nan_loss_stops_with_a_message_and_keeps_the_checkpoint_valid(tmp_path, 
         ('model.kind', 'mlp', "model.kind='mlp' is not valid"),
         ('boundary.target_rate', 1.5, 'target_rate=1.5 must be in'),
         ('train.workdir', '/etc/passwd/run', 'cannot write to workdir'),
+        ('optim.policy_lr_factor', 0.0, 'policy_lr_factor=0.0 must be positive'),
     ],
 )
 def test_bad_config_values_raise_one_clear_user_error(tmp_path, field, value, message):
@@ -120,6 +121,31 @@ def test_bad_config_values_raise_one_clear_user_error(tmp_path, field, value, me
   c[section][name] = value
   with pytest.raises(UserError, match=message):
     train.train(c)
+
+
+def test_policy_lr_factor_scales_the_boundary_updates_only():
+  params = {
+      'boundary': {'proj': {'kernel': jnp.ones((3, 1)), 'bias': jnp.ones((1,))}},
+      'inner_boundaries_0': {'proj': {'kernel': jnp.ones((3, 1))}},
+      'encoder': {'w': jnp.ones((3, 3))},
+  }
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.1), params)
+  c = tiny_config('unused')
+
+  def updates(factor):
+    c.optim.policy_lr_factor = factor
+    tx = train_state.make_optimizer(c)
+    return tx.update(grads, tx.init(params), params)[0]
+
+  one, quarter = updates(1.0), updates(0.25)
+  for name in params:
+    ratio = jax.tree.map(lambda a, b: np.asarray(b / a), one[name], quarter[name])
+    want = 1.0 if name == 'encoder' else 0.25
+    for r in jax.tree.leaves(ratio):
+      np.testing.assert_allclose(r, want, rtol=1e-6, err_msg=name)
+  # At 1.0 the optimizer state is the two-transform chain every existing checkpoint holds.
+  c.optim.policy_lr_factor = 1.0
+  assert len(train_state.make_optimizer(c).init(params)) == 2
 
 
 def test_empty_corpus_and_folder_without_files_are_reported(tmp_path):

@@ -114,6 +114,8 @@ def base_config() -> ml_collections.ConfigDict:
       warmup_steps=50,
       warmup_init_factor=0.1,
       min_lr_factor=0.0,
+      # The boundary methods' parameters learn at policy_lr_factor * lr (a slower policy than the LM).
+      policy_lr_factor=1.0,
       weight_decay=0.1,  # On matrices only.
       b1=0.9,
       b2=0.95,

@@ -61,7 +61,7 @@ def make_optimizer(config):
   o = config.optim
   # Decay matrices only: norms' gains and the policy's bias keep their meaning at zero decay.
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
-  return optax.chain(
+  steps = [
       optax.clip_by_global_norm(o.grad_clip),
       optax.adamw(
           learning_rate_schedule(o, config.train.steps),
@@ -70,7 +70,16 @@ def make_optimizer(config):
           weight_decay=o.weight_decay,
           mask=decay_mask,
       ),
-  )
+  ]
+  if o.policy_lr_factor != 1.0:  # Only then: the optimizer state (and checkpoints) stay as before.
+    steps.append(optax.masked(optax.scale(o.policy_lr_factor), _boundary_mask))
+  return optax.chain(*steps)
+
+
+def _boundary_mask(params):
+  """True on the parameters of every stage's boundary method (`boundary`, `inner_boundaries_*`)."""
+  is_boundary = lambda name: name == 'boundary' or name.startswith('inner_boundaries_')
+  return {k: jax.tree.map(lambda _, b=is_boundary(k): b, v) for k, v in params.items()}
 
 
 def validate(config) -> None:
@@ -79,8 +88,9 @@ def validate(config) -> None:
   for field in ('steps', 'log_every', 'eval_every', 'checkpoint_every'):
     if not config.train[field] > 0:
       raise UserError(f'config.train.{field}={config.train[field]!r} must be a positive number.')
-  if config.optim.lr <= 0:
-    raise UserError(f'config.optim.lr={config.optim.lr} must be positive.')
+  for field in ('lr', 'policy_lr_factor'):
+    if not config.optim[field] > 0:
+      raise UserError(f'config.optim.{field}={config.optim[field]!r} must be positive.')
 
 
 class Trainer:
