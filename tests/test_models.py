@@ -214,7 +214,10 @@ def test_off_policy_warm_start_draws_from_the_target_rate_and_reports_importance
 def test_flat_model_is_the_zero_stage_case_of_the_interface():
   """The flat model through `interface.ByteLM`: no stages, no key, one mode; its objective and the
   evaluator's forward work on it as on any model, called the same way."""
-  from tokjax import config_files, evaluation, losses, models, presets  # pylint: disable=g-import-not-at-top
+  from tokjax import evaluator as evaluator_lib
+  from tokjax import losses, models  # pylint: disable=g-import-not-at-top
+  from tokjax.config import files as config_files
+  from tokjax.config import presets
 
   c = config_files.load('flat_cpu')
   presets.tiny(c)
@@ -239,6 +242,148 @@ def test_flat_model_is_the_zero_stage_case_of_the_interface():
   np.testing.assert_allclose(ce, want, rtol=1e-6)
   np.testing.assert_allclose(loss, want.sum() / mask.sum(), rtol=1e-6)
   assert set(metrics) == {'loss', 'bpb'}
-  ce_eval, levels = evaluation._forward(model, 'sample', params, batch, key)  # pylint: disable=protected-access
+  ce_eval, levels = evaluator_lib._forward(model, 'sample', params, batch, key)  # pylint: disable=protected-access
   np.testing.assert_allclose(ce_eval, want, rtol=1e-6)
   assert levels.shape == (2, 1, 16) and not np.any(levels)
+
+
+# The parameter paths of the models `tiny_config` and `tiny_two_stage_config` build, printed by the
+# code before the inner stages became `hierarchical.StageSettings`: saved checkpoints restore by these
+# paths, so they may not change.
+ONE_STAGE_PARAM_PATHS = (
+    'params/boundary/bias',
+    'params/boundary/proj/kernel',
+    'params/decoder/block_0/attn/key/kernel',
+    'params/decoder/block_0/attn/out/kernel',
+    'params/decoder/block_0/attn/query/kernel',
+    'params/decoder/block_0/attn/value/kernel',
+    'params/decoder/block_0/mlp/down/kernel',
+    'params/decoder/block_0/mlp/gate/kernel',
+    'params/decoder/block_0/mlp/up/kernel',
+    'params/decoder/block_0/post_attn_norm/scale',
+    'params/decoder/block_0/post_mlp_norm/scale',
+    'params/decoder/block_0/pre_attn_norm/scale',
+    'params/decoder/block_0/pre_mlp_norm/scale',
+    'params/early_head/norm/scale',
+    'params/early_head/proj/kernel',
+    'params/embed/embedding',
+    'params/encoder/block_0/attn/key/kernel',
+    'params/encoder/block_0/attn/out/kernel',
+    'params/encoder/block_0/attn/query/kernel',
+    'params/encoder/block_0/attn/value/kernel',
+    'params/encoder/block_0/mlp/down/kernel',
+    'params/encoder/block_0/mlp/gate/kernel',
+    'params/encoder/block_0/mlp/up/kernel',
+    'params/encoder/block_0/post_attn_norm/scale',
+    'params/encoder/block_0/post_mlp_norm/scale',
+    'params/encoder/block_0/pre_attn_norm/scale',
+    'params/encoder/block_0/pre_mlp_norm/scale',
+    'params/head/norm/scale',
+    'params/head/proj/kernel',
+    'params/main/block_0/attn/key/kernel',
+    'params/main/block_0/attn/out/kernel',
+    'params/main/block_0/attn/query/kernel',
+    'params/main/block_0/attn/value/kernel',
+    'params/main/block_0/mlp/down/kernel',
+    'params/main/block_0/mlp/gate/kernel',
+    'params/main/block_0/mlp/up/kernel',
+    'params/main/block_0/post_attn_norm/scale',
+    'params/main/block_0/post_mlp_norm/scale',
+    'params/main/block_0/pre_attn_norm/scale',
+    'params/main/block_0/pre_mlp_norm/scale',
+    'params/main/block_1/attn/key/kernel',
+    'params/main/block_1/attn/out/kernel',
+    'params/main/block_1/attn/query/kernel',
+    'params/main/block_1/attn/value/kernel',
+    'params/main/block_1/mlp/down/kernel',
+    'params/main/block_1/mlp/gate/kernel',
+    'params/main/block_1/mlp/up/kernel',
+    'params/main/block_1/post_attn_norm/scale',
+    'params/main/block_1/post_mlp_norm/scale',
+    'params/main/block_1/pre_attn_norm/scale',
+    'params/main/block_1/pre_mlp_norm/scale',
+)
+
+TWO_STAGE_PARAM_PATHS = (
+    'params/boundary/bias',
+    'params/boundary/proj/kernel',
+    'params/decoder/block_0/attn/key/kernel',
+    'params/decoder/block_0/attn/out/kernel',
+    'params/decoder/block_0/attn/query/kernel',
+    'params/decoder/block_0/attn/value/kernel',
+    'params/decoder/block_0/mlp/down/kernel',
+    'params/decoder/block_0/mlp/gate/kernel',
+    'params/decoder/block_0/mlp/up/kernel',
+    'params/decoder/block_0/post_attn_norm/scale',
+    'params/decoder/block_0/post_mlp_norm/scale',
+    'params/decoder/block_0/pre_attn_norm/scale',
+    'params/decoder/block_0/pre_mlp_norm/scale',
+    'params/early_head/norm/scale',
+    'params/early_head/proj/kernel',
+    'params/embed/embedding',
+    'params/encoder/block_0/attn/key/kernel',
+    'params/encoder/block_0/attn/out/kernel',
+    'params/encoder/block_0/attn/query/kernel',
+    'params/encoder/block_0/attn/value/kernel',
+    'params/encoder/block_0/mlp/down/kernel',
+    'params/encoder/block_0/mlp/gate/kernel',
+    'params/encoder/block_0/mlp/up/kernel',
+    'params/encoder/block_0/post_attn_norm/scale',
+    'params/encoder/block_0/post_mlp_norm/scale',
+    'params/encoder/block_0/pre_attn_norm/scale',
+    'params/encoder/block_0/pre_mlp_norm/scale',
+    'params/head/norm/scale',
+    'params/head/proj/kernel',
+    'params/inner_boundaries_0/bias',
+    'params/inner_boundaries_0/proj/kernel',
+    'params/inner_decoders_0/block_0/attn/key/kernel',
+    'params/inner_decoders_0/block_0/attn/out/kernel',
+    'params/inner_decoders_0/block_0/attn/query/kernel',
+    'params/inner_decoders_0/block_0/attn/value/kernel',
+    'params/inner_decoders_0/block_0/mlp/down/kernel',
+    'params/inner_decoders_0/block_0/mlp/gate/kernel',
+    'params/inner_decoders_0/block_0/mlp/up/kernel',
+    'params/inner_decoders_0/block_0/post_attn_norm/scale',
+    'params/inner_decoders_0/block_0/post_mlp_norm/scale',
+    'params/inner_decoders_0/block_0/pre_attn_norm/scale',
+    'params/inner_decoders_0/block_0/pre_mlp_norm/scale',
+    'params/inner_early_heads_0/norm/scale',
+    'params/inner_early_heads_0/proj/kernel',
+    'params/inner_encoders_0/block_0/attn/key/kernel',
+    'params/inner_encoders_0/block_0/attn/out/kernel',
+    'params/inner_encoders_0/block_0/attn/query/kernel',
+    'params/inner_encoders_0/block_0/attn/value/kernel',
+    'params/inner_encoders_0/block_0/mlp/down/kernel',
+    'params/inner_encoders_0/block_0/mlp/gate/kernel',
+    'params/inner_encoders_0/block_0/mlp/up/kernel',
+    'params/inner_encoders_0/block_0/post_attn_norm/scale',
+    'params/inner_encoders_0/block_0/post_mlp_norm/scale',
+    'params/inner_encoders_0/block_0/pre_attn_norm/scale',
+    'params/inner_encoders_0/block_0/pre_mlp_norm/scale',
+    'params/main/block_0/attn/key/kernel',
+    'params/main/block_0/attn/out/kernel',
+    'params/main/block_0/attn/query/kernel',
+    'params/main/block_0/attn/value/kernel',
+    'params/main/block_0/mlp/down/kernel',
+    'params/main/block_0/mlp/gate/kernel',
+    'params/main/block_0/mlp/up/kernel',
+    'params/main/block_0/post_attn_norm/scale',
+    'params/main/block_0/post_mlp_norm/scale',
+    'params/main/block_0/pre_attn_norm/scale',
+    'params/main/block_0/pre_mlp_norm/scale',
+)
+
+
+@pytest.mark.parametrize(
+    'config_fn,want',
+    [('tiny_config', ONE_STAGE_PARAM_PATHS), ('tiny_two_stage_config', TWO_STAGE_PARAM_PATHS)],
+)
+def test_built_models_keep_the_parameter_paths_checkpoints_restore_into(config_fn, want):
+  import conftest  # pylint: disable=g-import-not-at-top
+
+  from tokjax import models  # pylint: disable=g-import-not-at-top
+
+  model = models.build_model(getattr(conftest, config_fn)('unused'))
+  init = lambda: nn.unbox(model.init(jax.random.PRNGKey(0), *model.init_args(1, 16)))
+  leaves = jax.tree_util.tree_flatten_with_path(jax.eval_shape(init))[0]
+  assert sorted('/'.join(k.key for k in path) for path, _ in leaves) == list(want)

@@ -51,11 +51,15 @@ def _two_stage(
       bd.BoundaryPolicy(target_rate=r0, window=w0, scale=1.0, capacity=c0),
       byte_window=byte_window,
       capacity=c0,
-      inner_boundaries=(bd.BoundaryPolicy(target_rate=r1, window=w1, scale=1.0, capacity=c1),),
-      inner_capacity=(c1,),
-      inner_encoder_layers=(1,),
-      inner_decoder_layers=(1,),
-      inner_window=(inner_window,),
+      inner_stages=(
+          hierarchical.StageSettings(
+              boundary=bd.BoundaryPolicy(target_rate=r1, window=w1, scale=1.0, capacity=c1),
+              capacity=c1,
+              encoder_layers=1,
+              decoder_layers=1,
+              window=inner_window,
+          ),
+      ),
       attention=attention,
   )
 
@@ -71,7 +75,7 @@ def _init(model, *args):
 
 def _small_config(stages=1, window=1):
   """base_config at test size (d_model 32, L 32, capacity 12); stage 1 (if any) policy at rate 0.4."""
-  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+  from tokjax.config import defaults as config_defaults
 
   c = config_defaults.base_config()
   c.model.update(
@@ -334,7 +338,8 @@ def test_inner_windows_are_bytes_on_every_attention_path():
 def test_two_stage_configs_window_every_inner_stage(name, arg):
   """The two-stage configs make stage 1 a bottleneck: its layers attend over fewer bytes than a
   sequence holds (the byte layers' window), so only the main layers read the whole sequence."""
-  from tokjax import config_files, config_validation  # pylint: disable=g-import-not-at-top
+  from tokjax.config import files as config_files
+  from tokjax.config import validation as config_validation
 
   c = config_files.load(name, arg)
   config_validation.validate(c)
@@ -668,7 +673,8 @@ def test_stage_estimator_settings_default_to_the_shared_ones_and_touch_only_thei
   its forward pass is counted in the training FLOPs."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from tokjax import config_validation, flops, losses, models  # pylint: disable=g-import-not-at-top
+  from tokjax import flops, losses, models  # pylint: disable=g-import-not-at-top
+  from tokjax.config import validation as config_validation
 
   batch = {k: np.asarray(v) for k, v in _batch().items()}
   runs, forwards = {}, {}
@@ -752,7 +758,8 @@ def _sharded_worker():
   import jax  # pylint: disable=g-import-not-at-top
   import test_sharding as ts  # pylint: disable=g-import-not-at-top  (this file's directory)
 
-  from tokjax import sharding, train_state  # pylint: disable=g-import-not-at-top
+  from tokjax import sharding  # pylint: disable=g-import-not-at-top
+  from tokjax import trainer as trainer_lib
 
   config = ts._config('policy')  # pylint: disable=protected-access
   config.model.capacity = 10  # Overflow at stage 0 (32 bytes at rate 0.2 would rarely fill 16).
@@ -772,7 +779,7 @@ def _sharded_worker():
   for shape in (ts.SINGLE, SHARDED_MESH):
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
     mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(shape))])
-    trainer = train_state.Trainer(config, mesh)
+    trainer = trainer_lib.Trainer(config, mesh)
     state = trainer.init(jax.random.PRNGKey(0))
     if init is None:
       init = jax.device_get(state.params)
@@ -893,7 +900,8 @@ def test_two_stage_run_resumes_exactly(tiny_two_stage_run, tmp_path):
 def test_bad_stage_settings_are_one_clear_line(changes, message):
   import re  # pylint: disable=g-import-not-at-top
 
-  from tokjax import config_files, config_validation  # pylint: disable=g-import-not-at-top
+  from tokjax.config import files as config_files
+  from tokjax.config import validation as config_validation
   from tokjax.errors import UserError  # pylint: disable=g-import-not-at-top
 
   c = config_files.load('two_stage', 'learned,tiny')

@@ -36,6 +36,7 @@ byte costs O(N) per byte, acceptable at the CPU sizes the multi-stage configs ha
 Shape names: B rows, N total positions (BOS + prompt + generated), S cache slots, V vocabulary.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -183,13 +184,17 @@ def uncached_step(model, params, tokens, actions, t, key, mode: str):
 
 def with_capacity(model, capacity: int):
   """The same model (same parameters) with a chunk buffer of `capacity` slots at every stage."""
-  inner = tuple(b.clone(parent=None, capacity=capacity) for b in model.inner_boundaries)
+  inner = tuple(
+      dataclasses.replace(
+          st, boundary=st.boundary.clone(parent=None, capacity=capacity), capacity=capacity
+      )
+      for st in model.inner_stages
+  )
   return model.clone(
       parent=None,
       capacity=capacity,
       boundary=model.boundary.clone(parent=None, capacity=capacity),
-      inner_boundaries=inner,
-      inner_capacity=(capacity,) * len(inner),
+      inner_stages=inner,
   )
 
 

@@ -39,25 +39,25 @@ def build_model(config):
   opts = layers.stack_options(m)  # Remat, scanned layers, attention: checked here (UserError).
   if m.kind == 'flat':
     return flat.FlatByteLM(
-        VOCAB_SIZE,
-        m.d_model,
-        m.num_layers,
-        m.num_heads,
-        m.mlp_ratio * m.d_model,
-        m.byte_window,
-        dtype,
-        opts['remat']['main'],
-        opts['scan_layers'],
-        opts['attention'],
+        vocab_size=VOCAB_SIZE,
+        d_model=m.d_model,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        mlp_hidden=m.mlp_ratio * m.d_model,
+        window=m.byte_window,
+        dtype=dtype,
+        remat=opts['remat']['main'],
+        scan_layers=opts['scan_layers'],
+        attention=opts['attention'],
     )
   return hierarchical.HierarchicalByteLM(
-      VOCAB_SIZE,
-      m.d_model,
-      m.num_heads,
-      m.encoder_layers,
-      m.main_layers,
-      m.decoder_layers,
-      build_boundary(config),
+      vocab_size=VOCAB_SIZE,
+      d_model=m.d_model,
+      num_heads=m.num_heads,
+      encoder_layers=m.encoder_layers,
+      main_layers=m.main_layers,
+      decoder_layers=m.decoder_layers,
+      boundary=build_boundary(config),
       byte_window=m.byte_window,
       byte_mlp_ratio=m.byte_mlp_ratio,
       main_mlp_ratio=m.main_mlp_ratio,
@@ -67,24 +67,21 @@ def build_model(config):
       remat=tuple(opts['remat'][s] for s in ('encoder', 'main', 'decoder')),
       scan_layers=opts['scan_layers'],
       attention=opts['attention'],
-      **inner_stages(config),
+      inner_stages=inner_stages(config),
   )
 
 
-def inner_stages(config) -> dict:
-  """HierarchicalByteLM's arguments for stages 1..S-1 (config.model.stages, config.stages)."""
-  n = stage_views.stage_count(config)
-  if n == 1:
-    return {}
-  st = config.stages
-  return dict(
-      inner_boundaries=tuple(
-          build_boundary(stage_views.stage_config(config, s)) for s in range(1, n)
-      ),
-      inner_capacity=tuple(st.capacity),
-      inner_encoder_layers=tuple(st.encoder_layers),
-      inner_decoder_layers=tuple(st.decoder_layers),
-      inner_window=tuple(st.window),
+def inner_stages(config) -> tuple[hierarchical.StageSettings, ...]:
+  """HierarchicalByteLM's stages 1..S-1 (config.model.stages, config.stages): () for one stage."""
+  return tuple(
+      hierarchical.StageSettings(
+          boundary=build_boundary(stage_views.stage_config(config, s)),
+          capacity=int(config.stages.capacity[s - 1]),
+          encoder_layers=int(config.stages.encoder_layers[s - 1]),
+          decoder_layers=int(config.stages.decoder_layers[s - 1]),
+          window=int(config.stages.window[s - 1]),
+      )
+      for s in range(1, stage_views.stage_count(config))  # Configs from before stages have none.
   )
 
 

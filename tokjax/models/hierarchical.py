@@ -29,6 +29,8 @@ Any module with the `BoundaryPolicy` call signature can draw the boundaries (the
 straight-through routers, fixed rules): the model does not know how they were made.
 """
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -36,6 +38,23 @@ import jax.numpy as jnp
 from tokjax.models import boundaries as bd
 from tokjax.models import chunking, interface, layers
 from tokjax.vocab import PAD_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSettings:
+  """One stage s >= 1 of `HierarchicalByteLM`: what it reads over the chunks of stage s - 1.
+
+  boundary: its boundary module (any module with the `BoundaryPolicy` call signature), left unbound:
+  the model binds it in setup as `inner_boundaries_{s - 1}` (flax does not look for modules inside a
+  plain dataclass field). capacity: its chunk buffer. encoder_layers, decoder_layers: its chunk layers
+  below and above the stage above it. window: their attention width in bytes (0: full causal).
+  """
+
+  boundary: nn.Module
+  capacity: int
+  encoder_layers: int
+  decoder_layers: int
+  window: int = 0
 
 
 class HierarchicalByteLM(nn.Module):
@@ -60,13 +79,8 @@ class HierarchicalByteLM(nn.Module):
   remat: tuple[str, str, str] = ('none', 'none', 'none')
   scan_layers: bool = False
   attention: str = 'blocked'
-  # Stages 1..S-1 (empty for the one-stage model), one entry each: boundary module, chunk capacity,
-  # encoder and decoder layers over the stage's input chunks, their attention width in bytes.
-  inner_boundaries: tuple = ()
-  inner_capacity: tuple[int, ...] = ()
-  inner_encoder_layers: tuple[int, ...] = ()
-  inner_decoder_layers: tuple[int, ...] = ()
-  inner_window: tuple[int, ...] = ()
+  # Stages 1..S-1 (empty for the one-stage model): entry s - 1 is stage s.
+  inner_stages: tuple[StageSettings, ...] = ()
 
   def stack_args(self, which: str) -> tuple:
     """`layers.Stack`'s arguments for stack `which` ('encoder' | 'main' | 'decoder')."""
@@ -79,15 +93,14 @@ class HierarchicalByteLM(nn.Module):
     remat = self.remat[('encoder', 'main', 'decoder').index(which)]
     return (n, h, mlp, window, self.dtype, remat, self.scan_layers, self.attention)
 
-  def inner_stack_args(self, s: int, layers_: int) -> tuple:
-    """`layers.Stack`'s arguments for the encoder or decoder of stage s >= 1 (chunk layers)."""
+  def inner_stack_args(self, stage: StageSettings, layers_: int) -> tuple:
+    """`layers.Stack`'s arguments for `layers_` chunk layers of an inner stage (encoder or decoder)."""
     mlp, remat = self.main_mlp_ratio * self.d_model, self.remat[1]
-    window = self.inner_window[s - 1]
     return (
         layers_,
         self.num_heads,
         mlp,
-        window,
+        stage.window,
         self.dtype,
         remat,
         self.scan_layers,
@@ -97,7 +110,7 @@ class HierarchicalByteLM(nn.Module):
   # The `interface.ByteLM` properties.
   @property
   def num_stages(self) -> int:
-    return 1 + len(self.inner_boundaries)
+    return 1 + len(self.inner_stages)
 
   takes_key = True
   boundary_modes = ('sample', 'greedy')
@@ -107,7 +120,7 @@ class HierarchicalByteLM(nn.Module):
 
   def capacities(self) -> tuple[int, ...]:
     """Chunk buffer of every stage, stage 0 first."""
-    return (self.capacity,) + tuple(self.inner_capacity)
+    return (self.capacity,) + tuple(st.capacity for st in self.inner_stages)
 
   def setup(self):
     self.embed = layers.Embed(self.vocab_size, self.d_model, self.dtype)
@@ -116,12 +129,15 @@ class HierarchicalByteLM(nn.Module):
     self.decoder = layers.Stack(*self.stack_args('decoder'))
     self.early_head = layers.LMHead(self.vocab_size, self.dtype)
     self.head = layers.LMHead(self.vocab_size, self.dtype)
-    inner = range(1, self.num_stages)
+    # The submodule names (inner_boundaries_0, inner_encoders_0, ...) are the parameter paths that
+    # saved checkpoints restore into.
+    inner = self.inner_stages
+    self.inner_boundaries = [st.boundary for st in inner]
     self.inner_encoders = [
-        layers.Stack(*self.inner_stack_args(s, self.inner_encoder_layers[s - 1])) for s in inner
+        layers.Stack(*self.inner_stack_args(st, st.encoder_layers)) for st in inner
     ]
     self.inner_decoders = [
-        layers.Stack(*self.inner_stack_args(s, self.inner_decoder_layers[s - 1])) for s in inner
+        layers.Stack(*self.inner_stack_args(st, st.decoder_layers)) for st in inner
     ]
     self.inner_early_heads = [layers.LMHead(self.vocab_size, self.dtype) for _ in inner]
     if self.value_head:
