@@ -10,7 +10,9 @@ import sys
 import ml_collections
 import pytest
 
-from tokjax import checkpointing, config_defaults, config_validation, evaluation
+from tokjax import checkpointing, significance
+from tokjax.config import defaults as config_defaults
+from tokjax.config import validation as config_validation
 from tokjax.errors import UserError
 from tokjax.lab import common, compare
 from tokjax.models import registry
@@ -31,11 +33,11 @@ def test_ratio_and_se_matches_the_pooled_ratio():
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   ce, n = np.array([10.0, 30.0, 20.0]), np.array([10.0, 20.0, 30.0])
-  bpb, se = evaluation.ratio_and_se(ce, n)
+  bpb, se = significance.ratio_and_se(ce, n)
   assert bpb == pytest.approx(60.0 / 60.0 / math.log(2))
   assert se > 0
   # Identical per-document rates have no spread.
-  assert evaluation.ratio_and_se(np.array([1.0, 2.0]), np.array([1.0, 2.0]))[1] == pytest.approx(
+  assert significance.ratio_and_se(np.array([1.0, 2.0]), np.array([1.0, 2.0]))[1] == pytest.approx(
       0.0
   )
 
@@ -110,7 +112,7 @@ def test_compare_runs_methods_end_to_end(tmp_path, toy_method):
     assert p['diff'] == pytest.approx(by[m][split]['bpb'] - by['policy'][split]['bpb'], abs=1e-9)
     assert p['units'] == p['documents'] == 2
     assert p['clustered_se'] == pytest.approx(p['se'], rel=1e-9)
-    assert p['verdict'] == evaluation.verdict(p['diff'], p['clustered_se'], None)
+    assert p['verdict'] == significance.verdict(p['diff'], p['clustered_se'], None)
   assert '## Paired differences to policy' in table and '| clustered s.e. |' in table
   # The added rule, given its config section, trains without a policy gradient and hits its
   # definition on the held-out passage: every chunk but the last (closed by the forced final

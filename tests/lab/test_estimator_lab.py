@@ -118,7 +118,7 @@ def test_every_baseline_is_one_registry_entry_with_its_config_section():
   """The config's estimator sections come from the baseline declarations, and each baseline gives its
   own coefficients: 'none' is the raw discounted reward, 'batch' centres it, 'rloo' leaves one out.
   """
-  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+  from tokjax.config import defaults as config_defaults
 
   assert set(estimator.BASELINES) >= {'none', 'batch', 'rloo', 'value'}
   est = config_defaults.base_config().estimator
@@ -157,7 +157,9 @@ def test_training_objective_with_the_new_baselines(baseline):
   """
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
 
-  from tokjax import config_defaults, config_validation, losses, models  # pylint: disable=g-import-not-at-top
+  from tokjax import losses, models  # pylint: disable=g-import-not-at-top
+  from tokjax.config import defaults as config_defaults
+  from tokjax.config import validation as config_validation
 
   c = config_defaults.base_config()
   c.model.update(d_model=16, num_heads=2, capacity=16)

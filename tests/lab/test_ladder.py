@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from tokjax import config_files, evaluation
+from tokjax import significance
+from tokjax.config import files as config_files
 from tokjax.errors import UserError
 from tokjax.lab import ladder, ladder_report
 
@@ -48,7 +49,7 @@ def test_paired_over_seeds_averages_units_over_matching_seeds_and_clusters_them_
   ]
   b.append(_result('policy', 2, [1.0, 1.0, 1.0, 1.0], 0.5, documents=docs))  # hnet has no seed 2.
   p = ladder_report.paired_over_seeds(a, b, 'test')
-  want = evaluation.paired_difference(
+  want = significance.paired_difference(
       np.mean([[10, 20, 30, 5], [12, 22, 28, 6]], axis=0),
       np.mean([[9, 21, 33, 4], [11, 19, 27, 5]], axis=0),
       [100] * 4,
@@ -60,7 +61,7 @@ def test_paired_over_seeds_averages_units_over_matching_seeds_and_clusters_them_
   seed_se = np.std([0.1, 0.05], ddof=1) / math.sqrt(2)
   assert p['seed_se'] == pytest.approx(seed_se) and p['seeds'] == [0, 1]
   assert p['judged_se'] == pytest.approx(max(want['clustered_se'], seed_se))
-  assert p['verdict'] == evaluation.verdict(p['diff'], p['clustered_se'], p['seed_se'])
+  assert p['verdict'] == significance.verdict(p['diff'], p['clustered_se'], p['seed_se'])
 
 
 def test_pairing_refuses_seed_sets_that_share_no_seed():

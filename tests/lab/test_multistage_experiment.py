@@ -7,7 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from tokjax import config_files, config_validation, evaluation, flops
+from tokjax import flops, significance
+from tokjax.config import files as config_files
+from tokjax.config import validation as config_validation
 from tokjax.lab import multistage
 from tokjax.models import stage_views
 
@@ -77,11 +79,11 @@ def test_multistage_trains_runs_at_equal_flops_and_reports_each_level(tmp_path):
     assert p['diff'] == pytest.approx(a['bpb'] - b['bpb'], abs=1e-9)
     assert p['documents'] == a['documents'] < p['units']
     per_doc = lambda x, d=a['unit_documents']: np.bincount(d, weights=x)
-    by_doc = evaluation.paired_difference(
+    by_doc = significance.paired_difference(
         per_doc(a['unit_ce']), per_doc(b['unit_ce']), per_doc(a['unit_bytes'])
     )
     assert p['clustered_se'] == pytest.approx(by_doc['se'], rel=1e-9)
-    assert p['verdict'] == evaluation.verdict(p['diff'], p['clustered_se'], None)
+    assert p['verdict'] == significance.verdict(p['diff'], p['clustered_se'], None)
   assert '## Paired differences to the one-stage run' in readme and '| clustered s.e. |' in readme
 
 

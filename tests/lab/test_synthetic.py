@@ -9,10 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from tokjax import boundary_stats, checkpointing, config_files
+from tokjax import boundary_stats, checkpointing, losses, sharding
+from tokjax import evaluator as evaluator_lib
+from tokjax import trainer as trainer_lib
+from tokjax.config import files as config_files
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.lab import synthetic
-from tokjax.models.rivals import rules
 
 N_BYTES = 127
 
@@ -84,34 +86,49 @@ def test_planted_rate_matches_target():
   assert abs(rate - 0.2) < 0.01
 
 
-def test_boundary_f1_hand_made():
-  got = synthetic.boundary_f1([0, 1, 0, 1, 1], [0, 1, 0, 0, 1], 5)
-  assert got['precision'] == pytest.approx(2 / 3) and got['recall'] == 1.0
-  assert got['f1'] == pytest.approx(0.8) and got['rate'] == pytest.approx(0.6)
-  assert synthetic.boundary_f1([0, 0, 0], [1, 0, 1], 3)['f1'] == 0.0
-  assert synthetic.boundary_f1([1, 0, 1], [1, 0, 1], 3)['f1'] == 1.0
-  # Positions from n on are ignored.
-  assert synthetic.boundary_f1([1, 0, 1, 1], [1, 0, 1, 0], 3)['f1'] == 1.0
-  # Micro average over rows: row 1 has tp 1 of 2 predicted, row 2 tp 0 of 1; 3 planted in all.
-  got = synthetic.boundary_f1([[1, 1, 0], [0, 0, 1]], [[1, 0, 0], [0, 1, 0]], 3)
-  assert got['precision'] == pytest.approx(1 / 3) and got['recall'] == pytest.approx(1 / 2)
+def _rows(docs):
+  """Each document after its BOS in a row of its own: tokens, targets (PAD after the last byte)."""
+  body = np.stack([np.frombuffer(d.text, np.uint8) for d in docs]).astype(np.int32)
+  tokens = np.concatenate([np.full((len(docs), 1), BOS_ID, np.int32), body], axis=1)
+  return tokens, np.concatenate([body, np.full((len(docs), 1), PAD_ID, np.int32)], axis=1)
 
 
-def test_eval_arrays_align_with_the_boundary_convention():
-  docs = synthetic.make_corpus(seed=0, lexicon_seed=0, num_docs=3, n_bytes=N_BYTES)
-  arr = synthetic.eval_arrays(docs, N_BYTES + 1)
-  assert (arr['tokens'][:, 0] == BOS_ID).all() and (arr['targets'][:, -1] == PAD_ID).all()
-  np.testing.assert_array_equal(arr['tokens'][:, 1:], arr['targets'][:, :-1])
-  assert (arr['oracle'][:, 0] == 1).all() and (arr['oracle'][:, -1] == 1).all()
-  for i, d in enumerate(docs):  # Input position t holds byte t - 1.
-    np.testing.assert_array_equal(
-        np.flatnonzero(arr['oracle'][i, 1:-1]), d.ends[d.ends < N_BYTES - 1]
-    )
-  # The 'oracle' run's whitespace rule executes exactly the planted ends.
-  rule = np.asarray(rules.whitespace_rule(arr['tokens']))
-  np.testing.assert_array_equal(rule[:, 1:-1], arr['oracle'][:, 1:-1])
+def test_words_evaluation_scores_the_planted_ends_with_the_evaluator(tmp_path):
+  # The 'oracle' run executes exactly the planted ends from its first step (the whitespace rule).
+  c = synthetic.variant_config('oracle', '', str(tmp_path), 2, 1, 0)
+  c.eval.batch_size = 4  # 6 documents: the last batch is padded.
+  trainer = trainer_lib.Trainer(c, sharding.make_mesh(c.mesh))
+  params = trainer.init(jax.random.PRNGKey(0)).params
+  n = c.data.seq_len - 1
+  docs = synthetic.make_corpus(seed=0, lexicon_seed=0, num_docs=6, n_bytes=n)
+  got = synthetic.evaluate_params(
+      evaluator_lib.Evaluator(trainer), params, docs, jax.random.PRNGKey(1)
+  )
+  # Scored on bytes 0..n-2 (the last byte's boundary is forced).
+  planted = sum(int(np.sum(d.ends < n - 1)) for d in docs)
+  assert got['planted_rate'] == pytest.approx(planted / (len(docs) * (n - 1)))
+  for mode in ('greedy', 'sample'):
+    for k in ('precision', 'recall', 'f1'):
+      assert got[f'{mode}_{k}'] == 1.0
+    assert got[f'{mode}_rate'] == pytest.approx(got['planted_rate'])
+  # Given the planted ends, the model runs on its own boundaries; given noise, on others.
+  assert got['oracle_bpb'] == pytest.approx(got['bpb'], rel=1e-6)
+  assert got['oracle_copy_bpb'] == pytest.approx(got['copy_bpb'], rel=1e-6)
+  assert abs(got['random_bpb'] - got['bpb']) > 1e-4
+  # Bits-per-byte over all bytes and over the copied ones, by the model on rows of its own.
+  tokens, targets = _rows(docs)
+  out = trainer.model.apply({'params': params}, tokens, jax.random.PRNGKey(2), mode='greedy')
+  ce = np.asarray(losses.cross_entropy(out.logits, targets)) * (targets < 256)
+  copied = np.concatenate([np.stack([d.copied for d in docs]), np.zeros((len(docs), 1), bool)], 1)
+  assert got['bpb'] == pytest.approx(ce.sum() / (targets < 256).sum() / math.log(2), rel=1e-4)
+  assert got['copy_bpb'] == pytest.approx(
+      (ce * copied).sum() / copied.sum() / math.log(2), rel=1e-4
+  )
+  short = synthetic.make_corpus(seed=0, lexicon_seed=0, num_docs=1, n_bytes=n - 1)
   with pytest.raises(synthetic.UserError):
-    synthetic.eval_arrays(docs, N_BYTES)
+    synthetic.evaluate_params(
+        evaluator_lib.Evaluator(trainer), params, short, jax.random.PRNGKey(1)
+    )
 
 
 # -- the two-level design: phrases of words ---------------------------------------------------------

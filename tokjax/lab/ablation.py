@@ -8,7 +8,7 @@ discount gamma = 1, no batch-relative advantage (raw returns), no early-exit rew
 the sequential policy w = 8 (the proxy's is the independent w = 1), no rate loss. Runs are ladder runs
 (tokjax/lab/ladder.py: the same scheduler, resume, --jobs and packing), scored on the test split with
 sampled and greedy boundaries; each variant is paired against 'full' on the same test windows with
-the window, document-clustered and seed errors, and judged by the seed rule (`evaluation.verdict`).
+the window, document-clustered and seed errors, and judged by the seed rule (`significance.verdict`).
 --variants NAME:FIELD=VALUE adds a variant of your own; --budget, --lr, --corpus and --set
 FIELD=VALUE move the whole table (the main job: `--corpus stdlib_docs --budget 2457600 --lr 2e-3`).
 
@@ -24,7 +24,7 @@ import sys
 from absl import flags
 import numpy as np
 
-from tokjax import cli, evaluation
+from tokjax import cli, significance
 from tokjax.errors import UserError
 from tokjax.lab import common, ladder, ladder_report
 
@@ -141,12 +141,7 @@ def markdown(rows, meta) -> list[str]:
   for r in rows:
     paper = PAPER.get(PAPER_ROW.get(r['variant'], r['variant']), {})
     p = r.get('paired')
-    diff = (
-        f"{p['diff']:+.3f} | {fmt(p['se'], 3)} | {fmt(p['clustered_se'], 3)} | "
-        f"{fmt(p['seed_se'], 3)} | {p['verdict']}"
-        if p
-        else ' | | | | '
-    )
+    diff = ladder_report.paired_cells(p, 3) if p else ' | | | | '
     seed_se = f" +- {r['test_bpb_seed_se']:.3f}" if r['test_bpb_seed_se'] is not None else ''
     cells.append(
         f"{r['variant']} | {len(r['seeds'])} | {r['test_bpb']:.3f}{seed_se} | {diff} | "
@@ -158,7 +153,7 @@ def markdown(rows, meta) -> list[str]:
       f"Ablation at {meta['budget']:.3g} training bytes on {meta['corpus']} (lr {meta['lr']:g}); "
       f"test split; means over seeds; difference to {meta['reference']} paired on the same "
       'windows, with its window, document-clustered and seed standard errors; "found" when beyond '
-      f'{evaluation.FOUND_BY:g} x the larger of the clustered and seed errors.',
+      f'{significance.FOUND_BY:g} x the larger of the clustered and seed errors.',
       '',
       *common.table(
           'variant | seeds | test bpb (+- seed s.e.) | minus full | window s.e. | clustered s.e. '

@@ -11,7 +11,7 @@ c[1:L] with the same text visible:
   with_bos:  inputs BOS, c[0], ..., c[L-2]   (BOS, then the cut text; positions shift by one)
   as_trained: inputs c[0], ..., c[L-1]       (the cut text from position 0, as a training window)
 The difference (with_bos - as_trained, bits per byte) is paired per window and clustered by
-document (`evaluation.paired_difference`), for greedy and sampled boundaries.
+document (`significance.paired_difference`), for greedy and sampled boundaries.
 """
 
 import functools
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import checkpointing, cli, evaluation
+from tokjax import checkpointing, cli, evaluator, significance
 from tokjax.data import BOS_ID, pipeline
 from tokjax.errors import UserError
 
@@ -73,7 +73,7 @@ def measure(ckpt, docs, key, max_windows: int = 512, batch_size: int = 16) -> di
   batches = readings(windows)
   out = {'windows': int(len(windows)), 'documents': int(len(set(owner.tolist())))}
   for mode in model.boundary_modes:
-    forward = jax.jit(functools.partial(evaluation._forward, model, mode))  # pylint: disable=protected-access
+    forward = jax.jit(functools.partial(evaluator._forward, model, mode))  # pylint: disable=protected-access
     ce = {}
     for name, batch in batches.items():
       rows = []
@@ -82,7 +82,7 @@ def measure(ckpt, docs, key, max_windows: int = 512, batch_size: int = 16) -> di
         rows.append(np.asarray(forward(params, part, jax.random.fold_in(key, b))[0]))
       ce[name] = np.concatenate(rows).sum(axis=1)  # Nats per window over the same L - 1 bytes.
     nbytes = np.full(len(windows), length - 1)
-    p = evaluation.paired_difference(ce['with_bos'], ce['as_trained'], nbytes, owner)
+    p = significance.paired_difference(ce['with_bos'], ce['as_trained'], nbytes, owner)
     out[mode] = {name: float(v.sum() / nbytes.sum() / np.log(2)) for name, v in ce.items()} | {
         'paired': {k: p[k] for k in ('diff', 'se', 'clustered_se')}
     }

@@ -6,7 +6,7 @@ Small, so that a run with many kills stays short, and saving often enough that r
 during and just after saves as well as between them (it logs every step for the same reason).
 """
 
-from tokjax.config_defaults import base_config
+from tokjax.config.defaults import base_config
 
 
 def get_config():

@@ -18,8 +18,10 @@ import time
 import jax
 import numpy as np
 
-from tokjax import checkpointing, config_files, config_validation, evaluation, models, segmentation
+from tokjax import checkpointing, models, significance, tokenization
 from tokjax import train as train_lib
+from tokjax.config import files as config_files
+from tokjax.config import validation as config_validation
 from tokjax.metric_writers import read_metrics
 
 # -- configs and budgets ---------------------------------------------------------------------------
@@ -156,7 +158,7 @@ def capped(docs, max_docs: int, doc_bytes: int):
 def evaluate_documents(
     ckpt, docs, key, unit_bytes: int | None = None, references=None, mode: str = 'sample'
 ) -> dict:
-  """`tokjax.evaluation` statistics of docs with boundaries drawn by `mode` ('sample': as in
+  """`tokjax.evaluator` statistics of docs with boundaries drawn by `mode` ('sample': as in
   training; 'greedy': the policy's most likely pattern): bpb pooled
   over bytes with its ratio-estimator standard error over documents (or over units of unit_bytes
   bytes of each document, with their per-unit CE for paired differences), and the boundary
@@ -170,12 +172,12 @@ def evaluate_documents(
 
 def paired_one_seed(a: dict, b: dict, docs, unit_bytes: int) -> dict:
   """Run a minus run b (one seed each) on the same units of one split (`evaluate_documents`
-  results over docs): `evaluation.paired_difference` clustered by document, with the verdict of
+  results over docs): `significance.paired_difference` clustered by document, with the verdict of
   the seed rule, which one seed leaves without a seed error (seed_se None). Results scored before
   the evaluator recorded each unit's document get it derived the same way from docs."""
-  documents = a.get('unit_documents', evaluation.unit_documents(docs, unit_bytes))
-  p = evaluation.paired_difference(a['unit_ce'], b['unit_ce'], a['unit_bytes'], documents)
-  verdict = evaluation.verdict(p['diff'], p['clustered_se'], None)
+  documents = a.get('unit_documents', significance.unit_documents(docs, unit_bytes))
+  p = significance.paired_difference(a['unit_ce'], b['unit_ce'], a['unit_bytes'], documents)
+  verdict = significance.verdict(p['diff'], p['clustered_se'], None)
   return p | {'seed_se': None, 'judged_se': p['clustered_se'], 'verdict': verdict}
 
 
@@ -202,13 +204,13 @@ def evaluate_splits(
         references=references,
     )
   if ckpt.model.num_stages:
-    shown, actions, probs = segmentation.boundaries_for(
+    shown, actions, probs = tokenization.boundaries_for(
         ckpt.model, ckpt.params, passage, ckpt.config.data.seq_len, key, 'greedy'
     )
     result['passage'] = {  # Stage 0's boundaries; the rendering shows every level.
         'actions': [float(a) for a in actions[0]],
         'probs': [float(p) for p in probs[0]],
-        'rendered': segmentation.render(shown, actions),
+        'rendered': tokenization.render(shown, actions),
     }
   result['params'] = int(ckpt.trainer.num_params)
   return result
@@ -224,9 +226,14 @@ def finished_step(workdir: str) -> int | None:
 # -- results ---------------------------------------------------------------------------------------
 
 
-def fmt(x, digits: int = 4) -> str:
-  """A table cell: x with `digits` decimals, '-' for a missing or NaN value."""
-  return '-' if x is None or (isinstance(x, float) and math.isnan(x)) else f'{x:.{digits}f}'
+def fmt(x, digits: int = 4, style: str = 'f', none: str = '-') -> str:
+  """A table cell: number x with `digits` decimals (style 'f') or significant digits ('g'), `none`
+  for None (say 'inf' where None stands for an unbounded value), '-' for NaN; text as it is."""
+  if x is None:
+    return none
+  if isinstance(x, str):
+    return x
+  return '-' if isinstance(x, float) and math.isnan(x) else f'{x:.{digits}{style}}'
 
 
 def table(header: str, rows) -> list[str]:

@@ -24,7 +24,7 @@ from absl import flags, logging
 import jax
 import numpy as np
 
-from tokjax import cli, evaluation
+from tokjax import cli, significance
 from tokjax.data import pipeline
 from tokjax.errors import UserError
 from tokjax.lab import common
@@ -86,7 +86,7 @@ def write_outputs(out_dir, results, meta, passage, paired=()):
       '',
       f'{meta["steps"]} steps of {meta["batch"]} x {meta["seq_len"]} bytes = {meta["train_bytes"]:.3g} '
       f'training bytes per method, target rate {meta["target_rate"]}. Bits-per-byte are pooled over '
-      f'the bytes of the val/test documents, {evaluation.SE_LABEL} (boundaries sampled as in training) '
+      f'the bytes of the val/test documents, {significance.SE_LABEL} (boundaries sampled as in training) '
       f'documents (first {meta["eval_docs"] or "all"} documents, first {meta["eval_doc_bytes"] or "all"} '
       'bytes of each). Rate, bytes/chunk and whitespace fraction (fraction of '
       'whitespace bytes that end a chunk) are on test, sampled. Train B/s: median over log '
@@ -116,9 +116,9 @@ def write_outputs(out_dir, results, meta, passage, paired=()):
         f'Method minus {paired[0]["reference"]} in bits-per-byte on the same bytes, paired per '
         f'window of {UNIT_BYTES} bytes of each document, with the standard error over windows and '
         'over documents (clustered: the window differences summed per document; ratio estimator). '
-        f'A difference is found only beyond {evaluation.FOUND_BY:g} times the larger of the '
+        f'A difference is found only beyond {significance.FOUND_BY:g} times the larger of the '
         'clustered and the seed s.e.; one seed leaves the seed s.e. unknown, so a difference '
-        f'beyond {evaluation.FOUND_BY:g} clustered s.e. reads "one seed".',
+        f'beyond {significance.FOUND_BY:g} clustered s.e. reads "one seed".',
         '',
         *common.table(
             'method | split | windows | documents | difference (bpb) | window s.e. | '
@@ -213,7 +213,7 @@ def compare(
       common.save_result(out_dir, m, r)
     print(
         f'[compare] {m}: params {r["params"]:,} | test bpb '
-        f'{evaluation.format_bpb(r["test"]["bpb"], r["test"]["bpb_se"])} | rate {r["test"].get("rate", 1.0):.3f} | '
+        f'{significance.format_bpb(r["test"]["bpb"], r["test"]["bpb_se"])} | rate {r["test"].get("rate", 1.0):.3f} | '
         f'{r["train_bytes_per_s"]:,.0f} B/s | wall {r["wall_s"]:.0f}s',
         flush=True,
     )

@@ -25,7 +25,9 @@ import sys
 from absl import flags, logging
 import numpy as np
 
-from tokjax import cli, config_files, config_validation, estimator
+from tokjax import cli, estimator
+from tokjax.config import files as config_files
+from tokjax.config import validation as config_validation
 from tokjax.errors import UserError
 from tokjax.lab import common
 from tokjax.metric_writers import read_metrics

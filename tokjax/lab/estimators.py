@@ -554,17 +554,13 @@ def run_lab(
 # Reports.
 
 
-def _fmt(x, digits=3):
-  if x is None:
-    return 'inf'
-  if isinstance(x, float):
-    return f'{x:.{digits}g}'
-  return str(x)
-
-
 def result_lines(result: dict, command: str) -> list[str]:
   """The lines of the results page: the command, the reference and one table row per variant."""
   ref = result['reference']
+
+  def _fmt(x):  # bias_chi is None where the estimator has no noise but a bias: unbounded.
+    return common.fmt(x, 3, 'g', none='inf')
+
   return [
       f'Command: `{command}`',
       '',

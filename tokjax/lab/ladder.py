@@ -10,7 +10,7 @@ steps = budget / (batch * seq_len), with warmup and cosine decay over its own st
 OUT/runs/NAME: spec.json (what it is), train.log, metrics.jsonl, orbax checkpoints and, once trained
 and scored, result.json (its spec embedded). Every run is scored on the whole val and test splits
 with boundaries sampled with the same key for every method, per unit (fixed windows of --unit_bytes
-bytes of each document, `evaluation.unit_ids`, with each window's document), so that differences
+bytes of each document, `significance.unit_ids`, with each window's document), so that differences
 between methods are paired on the same bytes and clustered by document (tokjax/lab/ladder_report.py
 has the statistics and the report).
 
@@ -51,7 +51,8 @@ import time
 from absl import flags, logging
 import numpy as np
 
-from tokjax import cli, config_validation, evaluation, flops
+from tokjax import cli, flops
+from tokjax.config import validation as config_validation
 from tokjax.errors import Interrupted, UserError
 from tokjax.lab import common, ladder_report
 from tokjax.metric_writers import read_metrics
@@ -425,7 +426,7 @@ def execute(
 
 def load_results(out_dir, runs) -> list[dict]:
   """The result.json of every finished run of `runs`, each scored split with its units' documents
-  (`with_documents`)."""
+  (`ladder_report.with_documents`)."""
   out = []
   splits = _split_cache()
   for run in runs:
@@ -433,7 +434,7 @@ def load_results(out_dir, runs) -> list[dict]:
     if os.path.exists(path):
       with open(path) as f:
         r = json.load(f)
-      with_documents(r, run, splits)
+      ladder_report.with_documents(r, run, splits)
       out.append(r)
   return out
 
@@ -453,28 +454,6 @@ def _split_cache():
   return splits
 
 
-def with_documents(result: dict, run: Run, splits) -> bool:
-  """Adds to each scored split of result (val, test, every corpus scored out of domain) that lacks
-  them 'unit_documents', the document of each unit, derived as the evaluator derives them
-  (`evaluation.unit_documents`) from the split the run was scored on (splits: `_split_cache()`).
-  -> whether any was added."""
-  todo = [(s, result[s], run.corpus, s) for s in ('val', 'test') if s in result]
-  todo += [(c, x, c, 'test') for c, x in result.get('cross', {}).items()]
-  added = False
-  for name, scored, corpus, split in todo:
-    if 'unit_documents' in scored:
-      continue
-    docs = evaluation.unit_documents(splits(run, corpus)[split], result['unit_bytes'])
-    if len(docs) != len(scored['unit_ce']):
-      raise UserError(
-          f'{run.name}: {name} has {len(scored["unit_ce"])} units but its split cuts into '
-          f'{len(docs)}: the corpus changed since the run was scored; rescore it in a fresh folder.'
-      )
-    scored['unit_documents'] = [int(d) for d in docs]
-    added = True
-  return added
-
-
 KEPT = (
     'result.json',
     'checkpoints',
@@ -484,7 +463,7 @@ KEPT = (
 def pack(root: str) -> int:
   """Shrinks every finished run folder under root (any OUT/runs/NAME below it, with a result.json)
   to its result.json: embeds the spec (`spec_of`) and each split's unit documents
-  (`with_documents`), then deletes all but KEPT (spec.json, train.log, metrics.jsonl, ...: git
+  (`ladder_report.with_documents`), then deletes all but KEPT (spec.json, train.log, metrics.jsonl, ...: git
   history keeps them). Checkpoints stay, so a packed run can still be rescored; an unfinished run
   is left alone. -> the number of runs packed."""
   splits = _split_cache()
@@ -497,7 +476,7 @@ def pack(root: str) -> int:
     with open(result_path) as f:
       result = json.load(f)
     result.update(spec_of(run, scoring))
-    with_documents(result, run, splits)
+    ladder_report.with_documents(result, run, splits)
     common.write_json(result_path, result, indent=None)
     for name in set(os.listdir(run_dir)) - set(KEPT):
       path = os.path.join(run_dir, name)
@@ -623,12 +602,8 @@ def main(argv):
       'finished': len(results),
   }
   if results:
-    rows = ladder_report.summarize(results, f.reference)
-    ladder_report.write_outputs(f.out, rows, meta, markdown=f.markdown)
-    if len(lrs_grid) > 1 and len(budgets) == len(seq_lens) == 1:  # A sweep at one rung.
-      common.write_json(os.path.join(f.out, 'lr.json'), ladder_report.best_lrs(rows), indent=None)
-    wrote = 'results.md, results.json' if f.markdown else 'results.json'
-    print(f'wrote {f.out}/{wrote}, ladder.png ({len(results)}/{len(runs)} runs)')
+    sweep = len(lrs_grid) > 1 and len(budgets) == len(seq_lens) == 1  # One rung, several lrs.
+    ladder_report.report(f.out, results, meta, markdown=f.markdown, lr_sweep=sweep)
   if failures:
     raise UserError(
         f'{failures} run(s) failed; their train.log says why. Fix and rerun with --resume.'

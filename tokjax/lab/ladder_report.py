@@ -4,8 +4,8 @@ Every row is a (budget, seq_len, method, lr) over the seeds it shares with the r
 its best lr (`summarize`): the test and val means, the out-of-domain means and the paired difference
 all use that one matched seed set. A paired difference (`paired_over_seeds`) carries three errors:
 over windows (`se`), over documents (`clustered_se`: the window differences summed per document) and
-over seeds (`seed_se`); it counts as found only beyond `evaluation.FOUND_BY` times the larger of the
-clustered and the seed error (`evaluation.verdict`), and the paper's ordering is judged by that rule
+over seeds (`seed_se`); it counts as found only beyond `significance.FOUND_BY` times the larger of the
+clustered and the seed error (`significance.verdict`), and the paper's ordering is judged by that rule
 (`trend`). A learning rate is picked on val over the seeds that all of a method's rates share.
 """
 
@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from tokjax import evaluation
+from tokjax import significance
 from tokjax.errors import UserError
 from tokjax.lab import common
 
@@ -120,9 +120,9 @@ def _mean(xs):
 
 def paired_over_seeds(runs_a, runs_b, split) -> dict:
   """a - b on the same units of `split` ('val', 'test' or a corpus scored out of domain), over the
-  seeds both have: per-unit CE averaged over those seeds, then `evaluation.paired_difference` with
+  seeds both have: per-unit CE averaged over those seeds, then `significance.paired_difference` with
   each unit's document (the split's 'unit_documents'). 'seed_se': the s.e. of the per-seed
-  differences (None with one seed); 'judged_se' and 'verdict': `evaluation.judged_se`, `verdict`.
+  differences (None with one seed); 'judged_se' and 'verdict': `significance.judged_se`, `verdict`.
   UserError when no seed of a is one of b's."""
   by_seed_b = {r['run']['seed']: r for r in runs_b}
   pairs = [(a, by_seed_b[a['run']['seed']]) for a in runs_a if a['run']['seed'] in by_seed_b]
@@ -137,14 +137,14 @@ def paired_over_seeds(runs_a, runs_b, split) -> dict:
     raise ValueError(f'{split} results without unit_documents: read them with ladder.load_results')
   ce_a = np.mean([_split(a, split)['unit_ce'] for a, _ in pairs], axis=0)
   ce_b = np.mean([_split(b, split)['unit_ce'] for _, b in pairs], axis=0)
-  out = evaluation.paired_difference(ce_a, ce_b, first['unit_bytes'], first['unit_documents'])
+  out = significance.paired_difference(ce_a, ce_b, first['unit_bytes'], first['unit_documents'])
   per_seed = [_split(a, split)['bpb'] - _split(b, split)['bpb'] for a, b in pairs]
   out['seeds'] = [a['run']['seed'] for a, _ in pairs]
   out['seed_se'] = (
       float(np.std(per_seed, ddof=1) / math.sqrt(len(pairs))) if len(pairs) > 1 else None
   )
-  out['judged_se'] = evaluation.judged_se(out['clustered_se'], out['seed_se'])
-  out['verdict'] = evaluation.verdict(out['diff'], out['clustered_se'], out['seed_se'])
+  out['judged_se'] = significance.judged_se(out['clustered_se'], out['seed_se'])
+  out['verdict'] = significance.verdict(out['diff'], out['clustered_se'], out['seed_se'])
   return out
 
 
@@ -213,8 +213,8 @@ def rule_text(ref: str) -> str:
       'CE averaged over the seeds both have) with three standard errors: over windows ("window"), '
       'over documents ("clustered": the window differences summed per document, ratio estimator) '
       'and over the per-seed differences ("seed", two seeds or more). A difference is **found** '
-      f'only when it exceeds {evaluation.FOUND_BY:g} times the larger of the clustered and the seed '
-      f's.e.; "one seed": beyond {evaluation.FOUND_BY:g} clustered s.e., but one seed leaves the '
+      f'only when it exceeds {significance.FOUND_BY:g} times the larger of the clustered and the seed '
+      f's.e.; "one seed": beyond {significance.FOUND_BY:g} clustered s.e., but one seed leaves the '
       'seed s.e. unknown.'
   )
 
@@ -270,12 +270,12 @@ def _rate_cell(rate, meta) -> str:
   return f'{rate:.3f}' + (' (off)' if off else '')
 
 
-def paired_cells(p) -> str:
+def paired_cells(p, digits: int = 4) -> str:
   """'diff | window s.e. | clustered s.e. | seed s.e. | verdict' of a paired difference."""
   fmt = common.fmt
   return (
-      f'{p["diff"]:+.4f} | {fmt(p["se"], 4)} | {fmt(p["clustered_se"], 4)} | '
-      f'{fmt(p["seed_se"], 4)} | {p["verdict"]}'
+      f'{p["diff"]:+.{digits}f} | {fmt(p["se"], digits)} | {fmt(p["clustered_se"], digits)} | '
+      f'{fmt(p["seed_se"], digits)} | {p["verdict"]}'
   )
 
 
@@ -294,7 +294,7 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
       f'trains for budget / (16 x seq_len) steps with warmup and cosine over its own steps. Test bpb '
       f'is pooled over the bytes of the whole test split (boundaries sampled, one key for every run), '
       f'mean over the seeds the row shares with `{ref}` (every column of a row uses those seeds), '
-      f'{evaluation.SE_LABEL}. {rule_text(ref)} Units: {meta["unit_bytes"]}-byte windows. '
+      f'{significance.SE_LABEL}. {rule_text(ref)} Units: {meta["unit_bytes"]}-byte windows. '
       f'"better" is the share of windows on which the method beats `{ref}`. '
       'rate and ws (whitespace recall: share of whitespace bytes that end a chunk) are on test '
       f'("(off)": more than {RATE_TOLERANCE} from the target {meta["target_rate"]}); '
@@ -327,7 +327,7 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
     def paired(r, c):
       p = r.get('cross_paired', {}).get(c)
       return (
-          f'{p["diff"]:+.4f} +- {evaluation.FOUND_BY:g} x {p["judged_se"]:.4f} ({p["verdict"]})'
+          f'{p["diff"]:+.4f} +- {significance.FOUND_BY:g} x {p["judged_se"]:.4f} ({p["verdict"]})'
           if p
           else '(ref)'
       )
@@ -337,7 +337,7 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
         '## Out of domain',
         '',
         'The same checkpoints scored on the test split of other corpora: bpb and the paired '
-        f'difference to `{ref}` with {evaluation.FOUND_BY:g} times the larger of its clustered and '
+        f'difference to `{ref}` with {significance.FOUND_BY:g} times the larger of its clustered and '
         'seed s.e., and the verdict.',
         '',
         *common.table(
@@ -403,7 +403,7 @@ def _plot(out_dir, rows, meta) -> None:
         axes[1].errorbar(
             [r['train_bytes'] for r in ps],
             [r['paired']['diff'] for r in ps],
-            yerr=[evaluation.FOUND_BY * r['paired']['judged_se'] for r in ps],
+            yerr=[significance.FOUND_BY * r['paired']['judged_se'] for r in ps],
             marker='o',
             capsize=3,
             color=color,
@@ -416,7 +416,7 @@ def _plot(out_dir, rows, meta) -> None:
       (
           'test bpb (+- s.e.)',
           f'paired difference to {meta["reference"]}\n'
-          f'(+- {evaluation.FOUND_BY:g} x max(clustered, seed) s.e.)',
+          f'(+- {significance.FOUND_BY:g} x max(clustered, seed) s.e.)',
           'test bpb',
       ),
       ('training bytes', 'training bytes', 'training FLOPs (realised rate)'),
@@ -433,6 +433,41 @@ def _plot(out_dir, rows, meta) -> None:
   axes[0].legend(fontsize=7)
   fig.suptitle(f'budget ladder, {meta["corpus"]}')
   common.save_figure(fig, os.path.join(out_dir, 'ladder.png'))
+
+
+def with_documents(result: dict, run, splits) -> bool:
+  """Adds to each scored split of result (val, test, every corpus scored out of domain) of the
+  `ladder.Run` run that lacks them 'unit_documents', the document of each unit, derived as the
+  evaluator derives them (`significance.unit_documents`) from the split the run was scored on
+  (splits(run, corpus) -> {split: documents}: `ladder._split_cache()`).
+  -> whether any was added."""
+  todo = [(s, result[s], run.corpus, s) for s in ('val', 'test') if s in result]
+  todo += [(c, x, c, 'test') for c, x in result.get('cross', {}).items()]
+  added = False
+  for name, scored, corpus, split in todo:
+    if 'unit_documents' in scored:
+      continue
+    docs = significance.unit_documents(splits(run, corpus)[split], result['unit_bytes'])
+    if len(docs) != len(scored['unit_ce']):
+      raise UserError(
+          f'{run.name}: {name} has {len(scored["unit_ce"])} units but its split cuts into '
+          f'{len(docs)}: the corpus changed since the run was scored; rescore it in a fresh folder.'
+      )
+    scored['unit_documents'] = [int(d) for d in docs]
+    added = True
+  return added
+
+
+def report(out_dir, results, meta, markdown: bool = True, lr_sweep: bool = False) -> None:
+  """The outputs of finished runs' results (`ladder.load_results`): results.json, results.md (with
+  markdown) and ladder.png (`write_outputs`) and, for a sweep of lrs at one rung, lr.json (each
+  method's best lr on val, for later ladders' --lr_table)."""
+  rows = summarize(results, meta['reference'])
+  write_outputs(out_dir, rows, meta, markdown=markdown)
+  if lr_sweep:
+    common.write_json(os.path.join(out_dir, 'lr.json'), best_lrs(rows), indent=None)
+  wrote = 'results.md, results.json' if markdown else 'results.json'
+  print(f'wrote {out_dir}/{wrote}, ladder.png ({len(results)}/{meta["runs"]} runs)')
 
 
 def best_lrs(rows) -> dict:

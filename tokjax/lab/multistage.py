@@ -12,7 +12,7 @@ is paid for with fewer steps. The realised FLOPs (at the rates the runs reach on
 beside them. Each run trains with `tokjax.train.train` in OUT/RUN (console in OUT/RUN/train.log; a
 run whose OUT/RUN/result.json exists is not retrained, and one without its per-level statistics is
 evaluated again), then is evaluated on the val and test documents (bits-per-byte with its standard
-error over documents, `tokjax.evaluation`, boundaries sampled as in training) and per level of
+error over documents, `tokjax.evaluator`, boundaries sampled as in training) and per level of
 boundaries on test (`level_summary` of the same evaluation's counts). Every run is scored on the
 same bytes with the same boundary key, so each is compared to the one-stage run paired per window of
 --unit_bytes bytes and clustered by document (`paired_rows`). A run stopped before its result.json
@@ -31,16 +31,9 @@ import sys
 from absl import flags, logging
 import jax
 
-from tokjax import (
-    boundary_stats,
-    checkpointing,
-    cli,
-    config_files,
-    evaluation,
-    flops,
-    presets,
-    segmentation,
-)
+from tokjax import boundary_stats, checkpointing, cli, flops, significance, tokenization
+from tokjax.config import files as config_files
+from tokjax.config import presets
 from tokjax.data import pipeline
 from tokjax.errors import UserError
 from tokjax.lab import common
@@ -180,7 +173,7 @@ def passage_levels(ckpt, text: bytes, key, modes=PASSAGE_MODES) -> tuple[bytes, 
   """Boundaries of every level on text's first seq_len - 1 bytes, drawn in each mode:
   (bytes shown, {mode: float32[S, n]})."""
   drawn = {
-      m: segmentation.boundaries_for(
+      m: tokenization.boundaries_for(
           ckpt.model, ckpt.params, text, ckpt.config.data.seq_len, key, m
       )
       for m in modes
@@ -203,13 +196,9 @@ def run_one(run, config, out_dir, splits, key, eval_cap, passage, unit_bytes) ->
   if not isinstance(drawn, dict) or set(drawn) != set(PASSAGE_MODES):
     shown, levels = passage_levels(checkpointing.load_checkpoint(workdir), passage, key)
     r['passage']['levels'] = {m: [[float(a) for a in x] for x in v] for m, v in levels.items()}
-    r['passage']['rendered_levels'] = {m: segmentation.render(shown, v) for m, v in levels.items()}
+    r['passage']['rendered_levels'] = {m: tokenization.render(shown, v) for m, v in levels.items()}
     common.save_result(out_dir, run, r)
   return r
-
-
-def fmt(x, digits=3):
-  return common.fmt(x, digits)
 
 
 def paired_rows(results, docs_by_split, unit_bytes, base=BASE) -> list[dict]:
@@ -231,6 +220,7 @@ def paired_rows(results, docs_by_split, unit_bytes, base=BASE) -> list[dict]:
 
 def write_outputs(out_dir, results, meta, paired=()) -> None:
   """README.md (the tables and passages) and results.json."""
+  fmt = common.fmt
   first = results[0]
   lines = [
       f'# One stage vs two stages of boundaries at equal training FLOPs (`{meta["corpus"]}`)',
@@ -243,7 +233,7 @@ def write_outputs(out_dir, results, meta, paired=()) -> None:
       f'{meta["base_steps"]} steps and every other run the steps that give the same training FLOPs '
       '(tokjax.flops.step_flops at the target rates: planned TFLOPs). Realised TFLOPs: the same '
       'count at the rates each run reached on test. Bits-per-byte are pooled over the bytes of the '
-      f'val/test documents, {evaluation.SE_LABEL}, boundaries sampled as in training ('
+      f'val/test documents, {significance.SE_LABEL}, boundaries sampled as in training ('
       + (f'first {meta["eval_docs"]} documents' if meta['eval_docs'] else 'all documents')
       + (f', first {meta["eval_doc_bytes"]} bytes of each' if meta['eval_doc_bytes'] else '')
       + '). Wall: training, on the machine and cores the command ran on.',
@@ -272,9 +262,9 @@ def write_outputs(out_dir, results, meta, paired=()) -> None:
       f'Run minus {BASE} in bits-per-byte on the same bytes, paired per window of '
       f'{meta["unit_bytes"]} bytes of each document, with the standard error over windows and over '
       'documents (clustered: the window differences summed per document; ratio estimator). A '
-      f'difference is found only beyond {evaluation.FOUND_BY:g} times the larger of the clustered '
+      f'difference is found only beyond {significance.FOUND_BY:g} times the larger of the clustered '
       'and the seed s.e.; with one seed the seed s.e. is unknown, so a difference beyond '
-      f'{evaluation.FOUND_BY:g} clustered s.e. reads "one seed". better: the share of windows on '
+      f'{significance.FOUND_BY:g} clustered s.e. reads "one seed". better: the share of windows on '
       'which each model has the lower cross-entropy.',
       '',
       *common.table(
@@ -306,11 +296,11 @@ def write_outputs(out_dir, results, meta, paired=()) -> None:
           'run | level | rate | bytes/chunk | ws prec | ws rec | word-end prec | word-end rec | '
           'line prec | line rec | phrase prec | phrase rec',
           (
-              f'{r["run"]} | {s} | {fmt(m["rate"])} | {fmt(m["bytes_per_chunk"], 2)} | '
-              f'{fmt(m["whitespace_precision"])} | {fmt(m["whitespace_recall"])} | '
-              f'{fmt(m["word_end_precision"])} | {fmt(m["word_end_recall"])} | '
-              f'{fmt(m["line_precision"])} | {fmt(m["line_recall"])} | '
-              f'{fmt(m["phrase_precision"])} | {fmt(m["phrase_recall"])}'
+              f'{r["run"]} | {s} | {fmt(m["rate"], 3)} | {fmt(m["bytes_per_chunk"], 2)} | '
+              f'{fmt(m["whitespace_precision"], 3)} | {fmt(m["whitespace_recall"], 3)} | '
+              f'{fmt(m["word_end_precision"], 3)} | {fmt(m["word_end_recall"], 3)} | '
+              f'{fmt(m["line_precision"], 3)} | {fmt(m["line_recall"], 3)} | '
+              f'{fmt(m["phrase_precision"], 3)} | {fmt(m["phrase_recall"], 3)}'
               for r in results
               for s, m in enumerate(r['levels'])
           ),
@@ -385,7 +375,7 @@ def multistage(
     )
     print(
         f'[multistage] {run}: params {r["params"]:,} | test bpb '
-        f'{evaluation.format_bpb(r["test"]["bpb"], r["test"]["bpb_se"])} | rates '
+        f'{significance.format_bpb(r["test"]["bpb"], r["test"]["bpb_se"])} | rates '
         + ' / '.join(f'{x:.3f}' for x in rates)
         + f' | realised {r["realised_flops"] / 1e12:.4g} TFLOPs | wall {r["wall_s"]:.0f}s',
         flush=True,

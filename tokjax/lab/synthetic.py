@@ -24,11 +24,12 @@ reads the folder as config.data.corpus) and trains each run, a variant of config
   oracle   the 'whitespace' rule, which executes exactly the planted ends when words end in a space;
   uniform  the 'uniform' rival: round(0.2 L) boundaries at random positions.
 A finished run (checkpoint at --steps) is reused, not retrained. Every checkpoint (every --eval_every
-steps) is then evaluated on fresh held-out documents (another seed): boundary precision / recall / F1
-against the planted ends (greedy p > 0.5 and sampled boundaries, scored on bytes 0..L-3: the last
-position is forced), the boundary rate, and bits-per-byte with the run's own sampled boundaries and
-with *given* boundaries -- the planted ends ('oracle_bpb') and Bernoulli noise at the planted rate
-('random_bpb'); 'copy_' variants count only the bytes of copied halves. Writes OUT/results.json and
+steps) is then evaluated by its Evaluator on fresh held-out documents (another seed): boundary
+precision / recall / F1 against the planted ends (greedy p > 0.5 and sampled boundaries, scored on
+bytes 0..L-3: the last position is forced), the boundary rate, and bits-per-byte with the run's own
+sampled boundaries (the same draw) and with *given* boundaries -- the planted ends ('oracle_bpb') and
+Bernoulli noise at the planted rate ('random_bpb'); 'copy_' variants count only the bytes of copied
+halves. Writes OUT/results.json and
 OUT/results.md (F1 and bpb against steps, per run).
 
 THE TWO-LEVEL DESIGN (`--design phrases`; `PhraseSpec`, `phrase_experiment`). Words of a fixed
@@ -41,7 +42,7 @@ results/synthetic/README.md); `--marks_by sentence` and `--order successor` are 
 (`PhraseSpec`). Runs: the variants of configs/synthetic_two_stage.py
 (learned, uniform, no_rl), trained in WORKDIR/RUN by `common.train_or_load`; `--set
 RUN:path=VALUE` overrides a config field of one run. Every checkpoint is scored by the run's
-Evaluator on fresh held-out documents, one document at a time, against multistage's phrase
+Evaluator on fresh held-out documents, one document at a time, against the phrase
 reference (`PHRASE_REFERENCES`): the share of stage-1 chunk ends at phrase ends, against its chance
 level (the share of the run's own stage-0 chunk ends there), each with its standard error over
 documents, and the learned run's difference to each control paired over the same documents; the
@@ -62,23 +63,14 @@ import time
 
 from absl import flags, logging
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from tokjax import (
-    boundary_stats,
-    checkpointing,
-    cli,
-    config_files,
-    config_validation,
-    evaluation,
-    segmentation,
-)
+from tokjax import boundary_stats, checkpointing, cli, significance, tokenization
 from tokjax import train as train_lib
-from tokjax.data import BOS_ID, PAD_ID
+from tokjax.config import files as config_files
+from tokjax.config import validation as config_validation
 from tokjax.errors import UserError
 from tokjax.lab import common
-from tokjax.losses import cross_entropy
 
 
 def run_names() -> tuple[str, ...]:
@@ -414,110 +406,57 @@ def write_corpus(folder: str, docs) -> None:
       f.write(d.text)
 
 
-def boundary_f1(predicted, planted, n: int) -> dict:
-  """Precision / recall / F1 of boundary positions, both over positions 0..n-1.
-
-  predicted: {0,1}[n] or [N, n] (1 = byte ends a chunk); planted: the same shape. Counts are summed
-  over all rows before the ratios (micro average, `boundary_stats.Counts`). An empty side gives 0
-  for its ratio.
-  """
-  p = np.asarray(predicted)[..., :n] > 0.5
-  c = boundary_stats.count(p, np.ones(p.shape), np.asarray(planted)[..., :n] > 0.5)
-  return {k: float(getattr(c, k)) for k in ('precision', 'recall', 'f1', 'rate')}
-
-
 def planted_mask(doc: Document) -> np.ndarray:
-  """{0,1} float32[len(text)]: 1 at each planted segment end."""
-  m = np.zeros(len(doc.text), np.float32)
-  m[doc.ends] = 1.0
+  """bool[len(text)]: True at each planted segment end."""
+  m = np.zeros(len(doc.text), bool)
+  m[doc.ends] = True
   return m
 
 
-def eval_arrays(docs: list[Document], seq_len: int) -> dict[str, np.ndarray]:
-  """Model inputs for documents of seq_len - 1 bytes: tokens/targets int32[N, L], mask and oracle
-  actions float32[N, L] (input position t holds byte t - 1; first and last positions forced to 1),
-  copied bool[N, L] (target t is a copied byte)."""
-  n = seq_len - 1
-  if any(len(d.text) != n for d in docs):
-    raise UserError(f'held-out documents must be seq_len - 1 = {n} bytes long.')
-  body = np.stack([np.frombuffer(d.text, np.uint8) for d in docs]).astype(np.int32)
-  tokens = np.concatenate([np.full((len(docs), 1), BOS_ID, np.int32), body], axis=1)
-  targets = np.concatenate([body, np.full((len(docs), 1), PAD_ID, np.int32)], axis=1)
-  oracle = np.concatenate(
-      [np.ones((len(docs), 1), np.float32), np.stack([planted_mask(d) for d in docs])], axis=1
-  )
-  oracle[:, -1] = 1.0
-  copied = np.concatenate([np.stack([d.copied for d in docs]), np.zeros((len(docs), 1), bool)], 1)
-  return {
-      'tokens': tokens,
-      'targets': targets,
-      'mask': (targets < 256).astype(np.float32),
-      'oracle': oracle,
-      'copied': copied,
-  }
-
-
-def make_eval_fns(model):
-  """Jitted (params, tokens, key) -> (actions, probs) per mode, and (params, tokens, actions) ->
-  CE float32[N, L] of the model run with the given boundaries."""
-
-  def bounds(mode):
-    def fn(params, tokens, key):
-      b = model.apply({'params': params}, tokens, key, mode=mode).boundaries
-      return b.actions, b.probs
-
-    return jax.jit(fn)
-
-  def ce_given(params, tokens, targets, actions, key):
-    out = model.apply({'params': params}, tokens, key, mode='given', actions=actions)
-    return cross_entropy(out.logits, targets)
-
-  def ce_own(params, tokens, targets, key):
-    return cross_entropy(
-        model.apply({'params': params}, tokens, key, mode='sample').logits, targets
-    )
-
-  return {
-      'greedy': bounds('greedy'),
-      'sample': bounds('sample'),
-      'given': jax.jit(ce_given),
-      'own': jax.jit(ce_own),
-  }
-
-
-def evaluate_params(fns, params, arrays, key) -> dict:
+def evaluate_params(evaluator, params, docs: list[Document], key) -> dict:
   """Boundary F1 (greedy and sampled) against the planted ends, and bits-per-byte with the model's
   sampled boundaries, the oracle boundaries and random ones at the planted rate (all bytes, and the
-  copied bytes only). Boundary positions scored: bytes 0..L-3 (the last byte's boundary is forced).
+  copied bytes only), all by the run's `tokjax.evaluator.Evaluator` (each document of seq_len - 1
+  bytes fills one row). Boundary positions scored: bytes 0..L-3 (the unforced positions; the last
+  byte's boundary is forced).
   """
-  tokens, targets, mask = (jnp.asarray(arrays[k]) for k in ('tokens', 'targets', 'mask'))
-  oracle = arrays['oracle']
-  n = tokens.shape[1] - 2
+  n = evaluator.config.data.seq_len - 1
+  if any(len(d.text) != n for d in docs):
+    raise UserError(f'held-out documents must be seq_len - 1 = {n} bytes long.')
+  planted = [planted_mask(d) for d in docs]
+  planted_rate = float(np.mean([m[:-1] for m in planted]))
+  k_random, k_eval = jax.random.split(key)
+  noise = [
+      np.asarray(jax.random.bernoulli(jax.random.fold_in(k_random, i), planted_rate, (n,)))
+      for i in range(len(docs))
+  ]
+  oracle = boundary_stats.stream_reference(planted)
+  r = evaluator.run(
+      params,
+      [d.text for d in docs],
+      k_eval,
+      modes=('greedy', 'sample'),
+      references={
+          'free': boundary_stats.unforced,
+          'planted': both(oracle, boundary_stats.unforced),
+      },
+      counts=True,
+      given={'oracle': oracle, 'random': boundary_stats.stream_reference(noise)},
+      subsets={'copy': [d.copied for d in docs]},
+  )
   out = {}
-  k_greedy, k_sample, k_random, k_ce = jax.random.split(key, 4)
-  for mode, k in (('greedy', k_greedy), ('sample', k_sample)):
-    actions, _ = fns[mode](params, tokens, k)
-    scores = boundary_f1(np.asarray(actions)[:, 1 : 1 + n], oracle[:, 1 : 1 + n], n)
-    out.update({f'{mode}_{name}': v for name, v in scores.items()})
-  planted_rate = float(oracle[:, 1 : 1 + n].mean())
-  rand = np.asarray(jax.random.bernoulli(k_random, planted_rate, oracle.shape), np.float32)
-  rand[:, 0] = rand[:, -1] = 1.0
-  mask_np, copied = arrays['mask'], arrays['copied'] & (arrays['mask'] > 0)
-
-  def bpb(ce):  # Each held-out row is one document: pooled over bytes (`tokjax.evaluation`).
-    ce = np.asarray(ce)
-    return tuple(
-        evaluation.ratio_and_se(np.sum(ce * w, axis=1), np.sum(w, axis=1))[0]
-        for w in (mask_np, copied)
+  for mode in ('greedy', 'sample'):
+    c = r[mode]['counts'][0]  # Chunk ends at unforced positions, those on planted ends.
+    f1 = boundary_stats.Counts(
+        hits=c['planted'].hits, ends=c['free'].hits, refs=c['planted'].refs, valid=c['free'].refs
     )
-
-  out['bpb'], out['copy_bpb'] = bpb(fns['own'](params, tokens, targets, k_ce))
-  for name, acts in (('oracle', oracle), ('random', rand)):
-    out[f'{name}_bpb'], out[f'{name}_copy_bpb'] = bpb(
-        fns['given'](params, tokens, targets, jnp.asarray(acts), k_ce)
+    out.update(
+        {f'{mode}_{k}': float(getattr(f1, k)) for k in ('precision', 'recall', 'f1', 'rate')}
     )
+  out['bpb'], out['copy_bpb'] = r['sample']['bpb'], r['sample']['copy_bpb']
+  for name in ('oracle', 'random'):
+    out[f'{name}_bpb'], out[f'{name}_copy_bpb'] = r[name]['bpb'], r[name]['copy_bpb']
   out['planted_rate'] = planted_rate
-  del mask
   return out
 
 
@@ -538,17 +477,16 @@ def variant_config(name: str, corpus: str, workdir: str, steps: int, eval_every:
   return c
 
 
-def evaluate_run(config, arrays, seed: int) -> list[dict]:
-  """Evaluates every checkpoint of a finished run: [{'step': s, ...metrics}] in step order."""
+def evaluate_run(config, docs: list[Document], seed: int) -> list[dict]:
+  """Evaluates every checkpoint of a finished run on the held-out docs: [{'step': s, ...metrics}]
+  in step order."""
   ckpt = checkpointing.load_checkpoint(config.train.workdir)
-  fns = make_eval_fns(ckpt.model)
   key = jax.random.PRNGKey(seed + 1)
-  rows = [
-      dict(step=s, **evaluate_params(fns, ckpt.at(s).params, arrays, key)) for s in ckpt.steps()
-  ]
+  ev = ckpt.evaluator
+  rows = [dict(step=s, **evaluate_params(ev, ckpt.at(s).params, docs, key)) for s in ckpt.steps()]
   # Step 0 (the initial policy) from a fresh init, as the starting point of the curve.
   state0 = ckpt.trainer.init(jax.random.split(jax.random.PRNGKey(config.seed), 3)[0])
-  rows.insert(0, dict(step=0, **evaluate_params(fns, state0.params, arrays, key)))
+  rows.insert(0, dict(step=0, **evaluate_params(ev, state0.params, docs, key)))
   return rows
 
 
@@ -615,10 +553,10 @@ def both(a, b):
 
 
 # Scored at every level through the Evaluator: a chunk end's hits on 'free' count the chunk ends at
-# unforced positions, on 'phrase_free' those of them at phrase ends (multistage's reference: the mark
-# or the space after it), on 'before_free' those one word before a phrase end (the space before its
-# last word), on 'first_free' those one word after it (the space after the next phrase's first word),
-# on 'word_free' those at spaces.
+# unforced positions, on 'phrase_free' those of them at phrase ends (`boundary_stats.phrase_end`:
+# the mark or the space after it), on 'before_free' those one word before a phrase end (the space
+# before its last word), on 'first_free' those one word after it (the space after the next phrase's
+# first word), on 'word_free' those at spaces.
 PHRASE_REFERENCES = {
     'phrase': boundary_stats.phrase_end,
     'free': boundary_stats.unforced,
@@ -719,7 +657,7 @@ def phrase_summary(cols: dict) -> dict:
   after them ('first_*'); each share
   with its standard error over documents. Unforced positions only."""
   free0, free1 = cols['L0_free_hits'], cols['L1_free_hits']
-  bpb, bpb_se = evaluation.ratio_and_se(cols['ce'], cols['bytes'])
+  bpb, bpb_se = significance.ratio_and_se(cols['ce'], cols['bytes'])
   m = {'bpb': bpb, 'bpb_se': bpb_se, 'documents': len(free0)}
   for key, (num, den) in {
       'rate0': (free0, cols['L0_free_refs']),
@@ -735,12 +673,12 @@ def phrase_summary(cols: dict) -> dict:
           for s in (0, 1)
       },
   }.items():
-    m[key], m[key + '_se'] = evaluation.share_and_se(num, den)
-  m['lift'], m['lift_se'] = evaluation.paired_share_difference(
+    m[key], m[key + '_se'] = significance.share_and_se(num, den)
+  m['lift'], m['lift_se'] = significance.paired_share_difference(
       cols['L1_phrase_free_hits'], free1, cols['L0_phrase_free_hits'], free0
   )
   for side, ref in OTHER_SIDES.items():
-    m[f'{side}_lift'], m[f'{side}_lift_se'] = evaluation.paired_share_difference(
+    m[f'{side}_lift'], m[f'{side}_lift_se'] = significance.paired_share_difference(
         cols[f'L1_{ref}_hits'], free1, cols[f'L0_{ref}_hits'], free0
     )
   return m
@@ -756,7 +694,7 @@ def stage1_probabilities(ckpt, texts, key, marks: bytes = PhraseSpec.marks) -> d
   names = ('phrase', *(chr(m) for m in marks), 'other')
   sums = {f'{k}_{name}': np.zeros(len(texts)) for k in 'pn' for name in names}
   for d, text in enumerate(texts):
-    _, actions, probs = segmentation.boundaries_for(
+    _, actions, probs = tokenization.boundaries_for(
         ckpt.model,
         ckpt.params,
         text,
@@ -776,10 +714,10 @@ def stage1_probabilities(ckpt, texts, key, marks: bytes = PhraseSpec.marks) -> d
       sums[f'p_{name}'][d], sums[f'n_{name}'][d] = probs[1][at].sum(), at.sum()
   m = {}
   for name in names:
-    m[f'p1_{name}'], m[f'p1_{name}_se'] = evaluation.share_and_se(
+    m[f'p1_{name}'], m[f'p1_{name}_se'] = significance.share_and_se(
         sums[f'p_{name}'], sums[f'n_{name}']
     )
-  m['p1_gap'], m['p1_gap_se'] = evaluation.paired_share_difference(
+  m['p1_gap'], m['p1_gap_se'] = significance.paired_share_difference(
       sums['p_phrase'], sums['n_phrase'], sums['p_other'], sums['n_other']
   )
   return m
@@ -814,11 +752,11 @@ def phrase_comparisons(cols: dict, method: str = 'learned') -> list[dict]:
       for mode in PHRASE_MODES:
         a, b = cols[method][mode], cols[other][mode]
         if what == 'bpb':
-          paired = evaluation.paired_difference(a['ce'], b['ce'], a['bytes'])
+          paired = significance.paired_difference(a['ce'], b['ce'], a['bytes'])
           diff, se = paired['diff'], paired['se']
         else:
           ref = PHRASE_SIDES[what]
-          diff, se = evaluation.paired_share_difference(
+          diff, se = significance.paired_share_difference(
               a[f'L1_{ref}_hits'], a['L1_free_hits'], b[f'L1_{ref}_hits'], b['L1_free_hits']
           )
         z = diff / se if se > 0 else math.nan  # NaN se (a side without ends) stays NaN.
@@ -1051,7 +989,6 @@ def main(argv):
   write_corpus(corpus, train_docs)
   os.makedirs(out, exist_ok=True)
   held_out = make_corpus(_SEED.value + 1000, _SEED.value, _EVAL_DOCS.value, n, spec)
-  arrays = eval_arrays(held_out, base.data.seq_len)
   curves, seconds = {}, {}
   results_path = os.path.join(out, 'results.json')
   if os.path.exists(results_path):  # Runs already evaluated are kept when only some are redone.
@@ -1068,7 +1005,7 @@ def main(argv):
       t0 = time.time()
       train_lib.train(config)
       seconds[name] = time.time() - t0
-    curves[name] = evaluate_run(config, arrays, _SEED.value)
+    curves[name] = evaluate_run(config, held_out, _SEED.value)
     last = curves[name][-1]
     print(
         f'{name}: step {last["step"]} greedy F1 {last["greedy_f1"]:.3f} sample F1 '

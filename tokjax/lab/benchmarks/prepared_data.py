@@ -52,7 +52,10 @@ def first_step(corpus: str, t0: float) -> dict:
 
   import jax  # pylint: disable=g-import-not-at-top
 
-  from tokjax import config_defaults, config_validation, sharding, train_state  # pylint: disable=g-import-not-at-top
+  from tokjax import sharding  # pylint: disable=g-import-not-at-top
+  from tokjax import trainer as trainer_lib
+  from tokjax.config import defaults as config_defaults
+  from tokjax.config import validation as config_validation
   from tokjax.data import pipeline  # pylint: disable=g-import-not-at-top
 
   c = config_defaults.base_config()
@@ -65,7 +68,7 @@ def first_step(corpus: str, t0: float) -> dict:
   t = time.time()
   data = pipeline.build_data(c)
   build_data_s = time.time() - t
-  trainer = train_state.Trainer(c, mesh)
+  trainer = trainer_lib.Trainer(c, mesh)
   state = trainer.init(jax.random.PRNGKey(0))
   batch = sharding.global_batch(next(data.train_iter), mesh)
   state, metrics = trainer.train_step(state, batch, jax.random.PRNGKey(1))

@@ -63,7 +63,8 @@ def measure(config, n: int, layout: str, steps: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  from tokjax import sharding, train_state  # pylint: disable=g-import-not-at-top
+  from tokjax import sharding  # pylint: disable=g-import-not-at-top
+  from tokjax import trainer as trainer_lib
 
   if len(jax.devices()) < n:
     raise UserError(f'{n} devices requested but jax sees {len(jax.devices())}; lower --devices.')
@@ -73,7 +74,7 @@ def measure(config, n: int, layout: str, steps: int) -> dict:
       'tensor': (1, 1, n),
   }[layout]
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:n])
-  trainer = train_state.Trainer(config, mesh)
+  trainer = trainer_lib.Trainer(config, mesh)
   state = trainer.init(jax.random.PRNGKey(0))
   b, l = config.data.batch_size, config.data.seq_len
   rng = np.random.default_rng(0)

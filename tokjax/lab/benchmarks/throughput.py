@@ -23,7 +23,8 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 import numpy as np
 
-from tokjax import cli, models, sharding, train_state
+from tokjax import cli, models, sharding
+from tokjax import trainer as trainer_lib
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
   _CONFIG = config_flags.DEFINE_config_file(
@@ -65,7 +66,7 @@ def _variant(config, seq_len, batch, **model_fields):
 
 def _time_train_step(config, steps):
   mesh = sharding.make_mesh(config.mesh)
-  trainer = train_state.Trainer(config, mesh)
+  trainer = trainer_lib.Trainer(config, mesh)
   state = trainer.init(jax.random.PRNGKey(0))
   b, l = config.data.batch_size, config.data.seq_len
   rng = np.random.default_rng(0)
