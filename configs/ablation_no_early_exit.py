@@ -7,7 +7,7 @@ Expected result (paper, ablation table, FineWeb validation): rate 0.200, 1.562 b
 the CPU-scale counterpart is `python -m tokjax.train --config configs/default.py --config.estimator.reward=plain`.
 """
 
-from tokjax.presets import paper_config
+from tokjax.config.presets import paper_config
 
 
 def get_config():

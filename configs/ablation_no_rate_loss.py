@@ -10,7 +10,7 @@ the CPU-scale counterpart is `python -m tokjax.train --config configs/default.py
 --config.model.capacity=256` (capacity = seq_len).
 """
 
-from tokjax.presets import paper_config
+from tokjax.config.presets import paper_config
 
 
 def get_config():

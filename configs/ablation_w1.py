@@ -7,7 +7,7 @@ Expected result (paper, ablation table, FineWeb validation): rate 0.196, 1.51 bp
 the CPU-scale counterpart is `python -m tokjax.train --config configs/default.py --config.boundary.policy.window=1`.
 """
 
-from tokjax.presets import paper_config
+from tokjax.config.presets import paper_config
 
 
 def get_config():

@@ -12,7 +12,7 @@ boundaries on 0.66 and 0.60 of the spaces at step 600, still moving onto them; w
 jumps to "word + space" chunks depends on the seed and on floating-point details.
 """
 
-from tokjax.config_defaults import base_config
+from tokjax.config.defaults import base_config
 
 
 def get_config():

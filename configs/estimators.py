@@ -12,7 +12,9 @@ over steps 450-600 of 0.959 +- 0.019 (full), 0.928 +- 0.085 (gae), 0.995 +- 0.00
 +- 0.003 (rloo2x8); final val bpb 2.554, 2.557, 2.776 and 2.642 (RLOO: fewer training bytes).
 """
 
-from tokjax import config_defaults, config_files, presets
+from tokjax.config import defaults as config_defaults
+from tokjax.config import files as config_files
+from tokjax.config import presets
 
 # name -> (baseline, settings of its config.estimator.BASELINE section, sequences per step B, description)
 SETTINGS = {

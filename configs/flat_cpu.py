@@ -9,7 +9,7 @@ of the hierarchical default (2.308 at 0.86M parameters): at CPU scale chunking b
 sequences, not bits (results/benchmarks/README.md, `python -m tokjax.lab.benchmarks.throughput`).
 """
 
-from tokjax.config_defaults import base_config
+from tokjax.config.defaults import base_config
 
 
 def get_config():

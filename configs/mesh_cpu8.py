@@ -15,7 +15,7 @@ plumbing. `--resume` continues it on any other mesh shape, e.g. --config.mesh.fs
 --config.mesh.data=1 --config.mesh.tensor=1 --config.train.steps=225.
 """
 
-from tokjax.config_defaults import base_config
+from tokjax.config.defaults import base_config
 
 
 def get_config():

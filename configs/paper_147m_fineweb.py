@@ -15,7 +15,7 @@ Slice: compiled ahead of time (python -m tokjax.compile_check, results/scale/REA
 (v5p:2x2x1: 77.1 of 95 GiB per chip) and a v4-32 (v4:2x2x4: 9.8 of 16 GiB per device) as it is; on v4:2x2x1 it needs --config.optim.grad_accum_steps=4 (14.2 of 16 GiB).
 """
 
-from tokjax.presets import paper_config
+from tokjax.config.presets import paper_config
 
 
 def get_config():

@@ -14,7 +14,7 @@ Slice: compiled ahead of time (python -m tokjax.compile_check, results/scale/REA
 (v5p:2x2x1: 19.7 of 95 GiB per chip) and a v4-32 (v4:2x2x4: 2.6 of 16 GiB per device) as it is.
 """
 
-from tokjax.presets import paper_config
+from tokjax.config.presets import paper_config
 
 
 def get_config():

@@ -12,7 +12,7 @@ against 40.3M (`tokjax.lab.common.param_count`).
 Expect: not run at scale; tokjax has neither trained nor compiled this config on accelerators.
 """
 
-from tokjax.presets import paper_two_stage_config
+from tokjax.config.presets import paper_two_stage_config
 
 
 def get_config():

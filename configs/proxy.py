@@ -15,7 +15,8 @@ On Python source (--corpus stdlib) only BPE-guided's lead survives three seeds. 
 boundary method of the registry.
 """
 
-from tokjax import config_files, presets
+from tokjax.config import files as config_files
+from tokjax.config import presets
 from tokjax.models import registry
 
 VARIANTS = {name: m.description for name, m in registry.methods().items()}

@@ -13,7 +13,8 @@ against the planted ends (from step 100), sampled 0.872, against 0.216 for the c
 bpb 4.231 (method), 4.220 (control), 4.234 (oracle), 4.221 (uniform): no run used the copies.
 """
 
-from tokjax import config_defaults, config_files
+from tokjax.config import defaults as config_defaults
+from tokjax.config import files as config_files
 
 VARIANTS = {
     'method': 'the score-function policy (the method under test)',

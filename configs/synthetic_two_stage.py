@@ -14,7 +14,8 @@ at phrase ends (greedy precision 0.92-0.98 against a chance of 0.29-0.32, 38-50 
 above uniform); at seed 1 stage 0 learned no words. results/synthetic/README.md has the tables.
 """
 
-from tokjax import config_files, presets
+from tokjax.config import files as config_files
+from tokjax.config import presets
 
 VARIANTS = {
     'learned': 'stage 1 learned by the score function',

@@ -14,7 +14,9 @@ Expect (one XLA thread, seed 0): final val bpb 2.224 +- 0.035; stage 0 on the sp
 At equal FLOPs two stages are 0.016 to 0.035 bpb behind one: results/multistage/README.md.
 """
 
-from tokjax import config_defaults, config_files, presets
+from tokjax.config import defaults as config_defaults
+from tokjax.config import files as config_files
+from tokjax.config import presets
 
 VARIANTS = {
     'learned': 'policy / policy: the score function at both levels',

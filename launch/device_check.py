@@ -19,7 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import compile_check, flops, presets, sharding, train, train_state
+from tokjax import compile_check, flops, sharding, train
+from tokjax import trainer as trainer_lib
+from tokjax.config import presets
 from tokjax.lab.benchmarks.throughput import median_seconds
 from tokjax.models import boundaries
 
@@ -57,7 +59,7 @@ def paper_step(size: str, device, hbm, dry_run: bool, timed_steps: int) -> dict:
   while n >= 1:
     c = base.copy_and_resolve_references()
     c.data.batch_size = n
-    trainer = train_state.Trainer(c, mesh)
+    trainer = trainer_lib.Trainer(c, mesh)
     t0 = time.perf_counter()
     compiled = compile_check.compile_train_step(trainer)
     mem = compiled.memory_analysis()

@@ -47,7 +47,7 @@ def jit_call(fn, *args, **kwargs):
 
 def tiny_config(workdir: str):
   """A hierarchical model small enough to train a few steps in seconds on the stdlib corpus."""
-  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+  from tokjax.config import defaults as config_defaults
 
   c = config_defaults.base_config()
   c.model.d_model, c.model.capacity = 32, 32
@@ -108,7 +108,7 @@ def tiny_run(tmp_path_factory):
 
 def tiny_two_stage_config(workdir: str):
   """configs/two_stage.py's learned/learned variant at its tiny size, on `tiny_config`'s data."""
-  from tokjax import config_files  # pylint: disable=g-import-not-at-top
+  from tokjax.config import files as config_files
 
   c = config_files.load('two_stage', 'learned,tiny')
   c.data.corpus, c.data.max_bytes = 'stdlib', 200_000

@@ -1,7 +1,7 @@
 """Gradient accumulation inside the jitted train step (config.optim.grad_accum_steps).
 
 Where rows are independent the accumulated step is the plain step; with the score function it is,
-as train_state's docstring states, the mean of the plain objective's gradients over the strided
+as trainer_lib's docstring states, the mean of the plain objective's gradients over the strided
 micro-batches, each with its own key and its own batch-relative baseline.
 """
 
@@ -11,7 +11,9 @@ import numpy as np
 import optax
 import pytest
 
-from tokjax import config_defaults, estimator, losses, sharding, train_state
+from tokjax import estimator, losses, sharding
+from tokjax import trainer as trainer_lib
+from tokjax.config import defaults as config_defaults
 from tokjax.errors import UserError
 
 
@@ -40,7 +42,7 @@ def _batch(mesh, b=8, l=32):
 
 def _step(config, batch=None):
   mesh = sharding.make_mesh(config.mesh)
-  trainer = train_state.Trainer(config, mesh)
+  trainer = trainer_lib.Trainer(config, mesh)
   state = trainer.init(jax.random.PRNGKey(0))
   params0 = jax.device_get(state.params)
   batch = _batch(mesh) if batch is None else batch
@@ -105,18 +107,18 @@ def test_accumulation_steps_must_divide_the_batch():
   mesh = sharding.make_mesh(_config().mesh)
   for accum, match in [(3, 'does not divide'), (0, 'positive integer'), (16, 'does not divide')]:
     with pytest.raises(UserError, match=match):
-      train_state.Trainer(_config(accum=accum), mesh)
+      trainer_lib.Trainer(_config(accum=accum), mesh)
 
 
 def test_micro_batches_of_one_row_are_rejected_under_the_batch_relative_baseline():
   mesh = sharding.make_mesh(_config().mesh)
   with pytest.raises(UserError, match='micro-batches of one row'):
-    train_state.Trainer(_config(accum=8), mesh)
+    trainer_lib.Trainer(_config(accum=8), mesh)
   # Without a batch-relative baseline, or without a score-function method, one row is a valid batch.
   for config in (_config(accum=8), _config(method='stride', accum=8)):
     if config.boundary.method == 'policy':
       config.estimator.baseline = 'none'
-    train_state.Trainer(config, mesh)
+    trainer_lib.Trainer(config, mesh)
 
 
 def _two_stage(method0, baseline, stage_baseline, accum):
@@ -139,17 +141,17 @@ def test_one_row_guard_reads_the_baseline_each_stage_uses():
   mesh = sharding.make_mesh(_config().mesh)
   # Stage 1 overrides the shared 'none' with 'batch': its advantages would all be 0.
   with pytest.raises(UserError, match=r"stage 1's policy .*stages.baseline=\"\('none',\)\""):
-    train_state.Trainer(_two_stage('policy', 'none', 'batch', accum=8), mesh)
+    trainer_lib.Trainer(_two_stage('policy', 'none', 'batch', accum=8), mesh)
   # estimator.baseline='batch' reaches no stage: stage 0's rule has no score function and stage 1
   # overrides it, so one row per micro-batch is a valid batch.
-  train_state.Trainer(_two_stage('stride', 'batch', 'none', accum=8), mesh)
+  trainer_lib.Trainer(_two_stage('stride', 'batch', 'none', accum=8), mesh)
   # Two rows per micro-batch are always valid.
-  train_state.Trainer(_two_stage('policy', 'none', 'batch', accum=4), mesh)
+  trainer_lib.Trainer(_two_stage('policy', 'none', 'batch', accum=4), mesh)
 
 
 @pytest.mark.parametrize('m', [1, 2, 4])
 def test_batch_relative_advantage_is_the_leave_one_out_advantage_scaled_by_one_minus_one_over_m(m):
-  # The scale train_state's docstring states: over m rows, r - mean = (1 - 1/m) (r - others' mean).
+  # The scale trainer_lib's docstring states: over m rows, r - mean = (1 - 1/m) (r - others' mean).
   r = jax.random.normal(jax.random.PRNGKey(m), (m, 16))
   adv = estimator.batch_relative_advantages(r, jnp.ones_like(r))
   others = (jnp.sum(r, 0, keepdims=True) - r) / max(m - 1, 1)

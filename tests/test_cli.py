@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tokjax import segmentation
+from tokjax import tokenization
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = (
@@ -108,18 +108,18 @@ def test_preview_escapes_non_printable_bytes():
   text = b'ok\x1b[2J\x07\xff\x00 caf\xc3\xa9\tend\nnext'
   actions = np.zeros(len(text))
   actions[1] = 1
-  shown = segmentation.preview(text, actions)
+  shown = tokenization.preview(text, actions)
   assert not [c for c in shown if ord(c) < 32 and c != '\t']
   assert '\\x1b' in shown and '\\xff' in shown and '\\x00' in shown and 'café' in shown
   assert shown.startswith('ok|') and '⏎next' in shown
-  rendered = segmentation.render(text, actions, terminal=True)
+  rendered = tokenization.render(text, actions, terminal=True)
   assert '\x1b' not in rendered and rendered.count('\n') == 1
 
 
 @pytest.mark.parametrize('text', [b'plain words', 'unicod\u00e9'.encode()])
 def test_terminal_render_keeps_printable_text(text):
   actions = np.zeros(len(text))
-  assert segmentation.render(text, actions, terminal=True) == text.decode()
+  assert tokenization.render(text, actions, terminal=True) == text.decode()
 
 
 def _config_commands():

@@ -6,7 +6,10 @@ import os
 
 import pytest
 
-from tokjax import config_defaults, config_files, config_validation, presets
+from tokjax.config import defaults as config_defaults
+from tokjax.config import files as config_files
+from tokjax.config import presets
+from tokjax.config import validation as config_validation
 from tokjax.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

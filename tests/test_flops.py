@@ -3,7 +3,8 @@
 import jax
 import pytest
 
-from tokjax import compile_check, config_defaults, flops
+from tokjax import compile_check, flops
+from tokjax.config import defaults as config_defaults
 
 
 def _config(kind):

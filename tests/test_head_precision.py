@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import config_defaults, losses, models
+from tokjax import losses, models
+from tokjax.config import defaults as config_defaults
 from tokjax.models import layers
 
 

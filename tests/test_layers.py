@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import config_defaults, decoding, losses, models
+from tokjax import decoding, losses, models
+from tokjax.config import defaults as config_defaults
 from tokjax.errors import UserError
 from tokjax.models import layers
 

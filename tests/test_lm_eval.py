@@ -16,7 +16,9 @@ import lm_eval
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, config_files, evaluate, evaluation, presets, sample, train
+from tokjax import checkpointing, evaluate, evaluator, sample, train
+from tokjax.config import files as config_files
+from tokjax.config import presets
 from tokjax.data import BOS_ID
 from tokjax.errors import UserError
 from tokjax.lm_eval import model as lm_model
@@ -141,7 +143,7 @@ def test_left_truncation_reads_the_cut_text_as_training_does(lm):
     mask = np.zeros((1, n), np.float32)
     mask[0, -len(cont) :] = 1.0
     batch = {'inputs': np.asarray(inputs, np.int32)[None], 'targets': targets, 'mask': mask}
-    ce, _ = evaluation._forward(model, 'greedy', params, batch, lm.key)  # pylint: disable=protected-access
+    ce, _ = evaluator._forward(model, 'greedy', params, batch, lm.key)  # pylint: disable=protected-access
     return -float(np.asarray(ce).sum(dtype=np.float64))
 
   as_training = np.frombuffer(text[-(n + 1) : -1], np.uint8)  # The model's own training reading.

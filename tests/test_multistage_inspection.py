@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, decoding, evaluate, sample, segment, segmentation
+from tokjax import checkpointing, decoding, evaluate, sample, segment, tokenization
 from tokjax.data import PAD_ID
 from tokjax.errors import UserError
 from tokjax.models import hierarchical
@@ -32,14 +32,14 @@ def test_render_repeats_the_delimiter_once_per_level():
   stage0 = np.array([0, 1, 1, 0, 1, 1, 0, 1, 0, 0, 0], np.float32)
   stage1 = np.array([0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0], np.float32)
   both = np.stack([stage0, stage1])
-  assert segmentation.render(text, both) == 'ab| ||cd|\n||ef| gh'
-  assert segmentation.render(text, stage0) == 'ab| |cd|\n|ef| gh'  # One level: as before stages.
-  assert segmentation.render(text, stage0[None]) == segmentation.render(text, stage0)
-  assert segmentation.preview(text, both, width=6) == 'ab| ||cd|⏎'
-  assert segmentation.chunk_offsets(both, 1) == [(0, 3), (3, 6), (6, 11)]
-  assert segmentation.split_chunks(text, both, 1) == [b'ab ', b'cd\n', b'ef gh']
-  assert segmentation.legend(2) == '| ends a stage-0 chunk, || ends a stage-1 chunk'
-  assert segmentation.legend(1) == '| ends a chunk'
+  assert tokenization.render(text, both) == 'ab| ||cd|\n||ef| gh'
+  assert tokenization.render(text, stage0) == 'ab| |cd|\n|ef| gh'  # One level: as before stages.
+  assert tokenization.render(text, stage0[None]) == tokenization.render(text, stage0)
+  assert tokenization.preview(text, both, width=6) == 'ab| ||cd|⏎'
+  assert tokenization.chunk_offsets(both, 1) == [(0, 3), (3, 6), (6, 11)]
+  assert tokenization.split_chunks(text, both, 1) == [b'ab ', b'cd\n', b'ef gh']
+  assert tokenization.legend(2) == '| ends a stage-0 chunk, || ends a stage-1 chunk'
+  assert tokenization.legend(1) == '| ends a chunk'
 
 
 def test_training_prints_both_levels(tiny_two_stage_run, ckpt):
@@ -156,7 +156,7 @@ def test_sample_command_path_on_a_two_stage_checkpoint(ckpt):
   res = sample.run_generation(*args, cached=False)
   assert len(res['text']) == 29 and res['text'].startswith(b'import os')
   assert res['actions'].shape == (2, 29)
-  assert res['marked'] == segmentation.render(res['text'], res['actions'])
+  assert res['marked'] == tokenization.render(res['text'], res['actions'])
   assert res['marked'].replace('|', '') == res['text'].decode('utf-8', errors='replace').replace(
       '|', ''
   )

@@ -6,7 +6,8 @@ import os
 import jax
 import jax.numpy as jnp
 
-from tokjax import config_defaults, profiling
+from tokjax import profiling
+from tokjax.config import defaults as config_defaults
 
 
 def test_trace_written_for_the_window(tmp_path):

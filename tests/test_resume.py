@@ -136,7 +136,8 @@ def test_resume_with_another_model_names_the_changed_fields_and_touches_no_check
 ):
   import shutil  # pylint: disable=g-import-not-at-top
 
-  from tokjax import checkpointing, sharding, train_state  # pylint: disable=g-import-not-at-top
+  from tokjax import checkpointing, sharding  # pylint: disable=g-import-not-at-top
+  from tokjax import trainer as trainer_lib
 
   workdir = str(tmp_path / 'run')
   shutil.copytree(tiny_run, workdir)
@@ -164,6 +165,6 @@ def test_resume_with_another_model_names_the_changed_fields_and_touches_no_check
   # The run still resumes with its own config.
   config = tiny_config(workdir)
   mgr = checkpointing.manager(workdir)
-  trainer = train_state.Trainer(config, sharding.make_mesh(config.mesh))
+  trainer = trainer_lib.Trainer(config, sharding.make_mesh(config.mesh))
   _, step = checkpointing.restore(mgr, trainer.abstract_state, config=config)
   assert step == 6

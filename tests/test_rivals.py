@@ -28,7 +28,7 @@ def tokenizer_json():
 
 def _config(method, tokenizer_json=None, tmp=None):
   """The default config with `method`, model sized for these tests (L = 48, capacity 24)."""
-  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+  from tokjax.config import defaults as config_defaults
 
   c = config_defaults.base_config()
   c.boundary.method = method
@@ -70,7 +70,7 @@ def _perturb_after(tokens, t):
 
 
 def test_registry_holds_the_builtin_methods_and_their_config_sections():
-  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+  from tokjax.config import defaults as config_defaults
 
   names = set(registry.methods())
   assert {'policy', 'hnet', 'gumbel', 'entropy', 'whitespace', 'stride', 'uniform', 'bpe'} <= names
@@ -317,7 +317,8 @@ def test_sequential_policy_starts_exactly_at_the_target_rate():
 def test_bpe_without_pretokenization_merges_across_words_and_is_cached_apart(tmp_path):
   """pretokenize='none' learns tokens that hold a space inside (fewer tokens per byte at the same
   vocabulary); the cached tokenizer of each setting is its own file."""
-  from tokjax import config_defaults, config_validation  # pylint: disable=g-import-not-at-top
+  from tokjax.config import defaults as config_defaults
+  from tokjax.config import validation as config_validation
 
   docs = [_WORDS * 40, b'thee and thou, my lord; the queen is dead.\n' * 40]
   inner_space = lambda tok: any('\u0120' in t[1:] for t in tok.get_vocab())  # 'Ġ' is the space.

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from test_decoding import fresh_model
 
-from tokjax import checkpointing, config_defaults, decoding, sample
+from tokjax import checkpointing, decoding, sample
+from tokjax.config import defaults as config_defaults
 from tokjax.errors import UserError
 
 

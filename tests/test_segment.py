@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import config_defaults, models, segment, segmentation
+from tokjax import models, segment, tokenization
+from tokjax.config import defaults as config_defaults
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 
@@ -58,10 +59,10 @@ def test_offsets_tile_the_input_exactly_once(tiny_run, tmp_path):
 def test_windows_leave_no_seams():
   """With overlap = the encoder's receptive field, windowed probabilities equal one long pass."""
   c, model, params = _fresh_model()
-  overlap = segmentation.window_overlap(c)
+  overlap = tokenization.window_overlap(c)
   assert overlap == 7
   text = TEXT[:300]
-  actions, probs = segmentation.segment_text(
+  actions, probs = tokenization.segment_text(
       model, params, text, c.data.seq_len, jax.random.PRNGKey(0), 'greedy', overlap
   )
   long = jnp.asarray([[BOS_ID] + list(text) + [PAD_ID]], jnp.int32)
@@ -74,7 +75,7 @@ def test_windows_leave_no_seams():
   np.testing.assert_array_equal(actions, np.asarray(ref.actions[0, 1:-1]))
   assert 0 < actions.sum() < len(text)
   # Too little overlap does leave seams: the check above can fail.
-  _, probs0 = segmentation.segment_text(
+  _, probs0 = tokenization.segment_text(
       model, params, text, c.data.seq_len, jax.random.PRNGKey(0), 'greedy', 0
   )
   assert np.abs(probs0[0] - np.asarray(ref.probs[0, 1:-1])).max() > 1e-4
@@ -82,7 +83,7 @@ def test_windows_leave_no_seams():
 
 def test_greedy_is_deterministic_and_sampling_is_not():
   c, model, params = _fresh_model()
-  run = lambda mode, seed: segmentation.segment_text(
+  run = lambda mode, seed: tokenization.segment_text(
       model, params, TEXT, c.data.seq_len, jax.random.PRNGKey(seed), mode, 7
   )[0]
   np.testing.assert_array_equal(run('greedy', 0), run('greedy', 1))

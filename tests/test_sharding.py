@@ -1,4 +1,4 @@
-"""Tests of the sharded train step on a simulated 8-device mesh (tokjax.sharding, train_state, checkpointing).
+"""Tests of the sharded train step on a simulated 8-device mesh (tokjax.sharding, trainer_lib, checkpointing).
 
 The sharded computations run in subprocesses started with
 XLA_FLAGS=--xla_force_host_platform_device_count=8 (the flag must be set before jax is imported): this
@@ -44,7 +44,7 @@ PARAM_TOL = 0.5 * LR
 
 
 def _config(method):
-  from tokjax import config_defaults  # pylint: disable=g-import-not-at-top
+  from tokjax.config import defaults as config_defaults
 
   c = config_defaults.base_config()
   c.model.update(
@@ -99,7 +99,8 @@ def _run_meshes(method, meshes, checkpoint_dir=None):
   """Trains STEPS steps on each mesh from the same init, batches and key; measures the differences."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from tokjax import sharding, train_state  # pylint: disable=g-import-not-at-top
+  from tokjax import sharding  # pylint: disable=g-import-not-at-top
+  from tokjax import trainer as trainer_lib
 
   config = _config(method)
   batches = _batches(STEPS + 1)
@@ -109,7 +110,7 @@ def _run_meshes(method, meshes, checkpoint_dir=None):
   for shape in meshes:
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
     mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(shape))])
-    trainer = train_state.Trainer(config, mesh)
+    trainer = trainer_lib.Trainer(config, mesh)
     if shape in (SINGLE, meshes[1]):
       state = trainer.init(jax.random.PRNGKey(0))
     else:  # Compiling init for every mesh would double this file's run time; reshard one instead.
@@ -211,7 +212,8 @@ def _multiprocess_worker():
   import jax  # pylint: disable=g-import-not-at-top
 
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  from tokjax import config_defaults, distributed, sharding  # pylint: disable=g-import-not-at-top
+  from tokjax import distributed, sharding  # pylint: disable=g-import-not-at-top
+  from tokjax.config import defaults as config_defaults
 
   joined = distributed.maybe_initialize('auto')
   c = config_defaults.base_config()

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, losses, sharding, train, train_state
+from tokjax import checkpointing, losses, sharding, train
+from tokjax import trainer as trainer_lib
 from tokjax.data import pipeline
 from tokjax.errors import UserError
 from tokjax.metric_writers import read_metrics
@@ -65,7 +66,7 @@ def test_train_step_compiles_once_whatever_the_boundaries(tmp_path):
   c = tiny_config(str(tmp_path))
   mesh = sharding.make_mesh(c.mesh)
   data = pipeline.build_data(c)
-  trainer = train_state.Trainer(c, mesh)
+  trainer = trainer_lib.Trainer(c, mesh)
   state = trainer.init(jax.random.PRNGKey(0))
   counts = []
   for _ in range(3):
@@ -98,7 +99,7 @@ def test_nan_loss_stops_with_a_message_and_keeps_the_checkpoint_valid(tmp_path, 
     train.train(c)
   mgr = checkpointing.manager(str(tmp_path))
   assert mgr.latest_step() == 2
-  trainer = train_state.Trainer(c, sharding.make_mesh(c.mesh))
+  trainer = trainer_lib.Trainer(c, sharding.make_mesh(c.mesh))
   state, _ = checkpointing.restore(mgr, trainer.abstract_state)
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
   assert int(state.nonfinite) == 0
@@ -134,7 +135,7 @@ def test_policy_lr_factor_scales_the_boundary_updates_only():
 
   def updates(factor):
     c.optim.policy_lr_factor = factor
-    tx = train_state.make_optimizer(c)
+    tx = trainer_lib.make_optimizer(c)
     return tx.update(grads, tx.init(params), params)[0]
 
   one, quarter = updates(1.0), updates(0.25)
@@ -145,7 +146,7 @@ def test_policy_lr_factor_scales_the_boundary_updates_only():
       np.testing.assert_allclose(r, want, rtol=1e-6, err_msg=name)
   # At 1.0 the optimizer state is the two-transform chain every existing checkpoint holds.
   c.optim.policy_lr_factor = 1.0
-  assert len(train_state.make_optimizer(c).init(params)) == 2
+  assert len(trainer_lib.make_optimizer(c).init(params)) == 2
 
 
 def test_empty_corpus_and_folder_without_files_are_reported(tmp_path):

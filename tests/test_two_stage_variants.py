@@ -6,7 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import config_files, config_validation, sharding, train_state
+from tokjax import sharding
+from tokjax import trainer as trainer_lib
+from tokjax.config import files as config_files
+from tokjax.config import validation as config_validation
 from tokjax.models import hierarchical
 
 VARIANTS = list(config_files.load_module('two_stage').VARIANTS)
@@ -17,7 +20,7 @@ def _trainer(variant):
   c = config_files.load('two_stage', f'{variant},tiny')
   c.mesh.data = 1
   config_validation.validate(c)
-  return c, train_state.Trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
+  return c, trainer_lib.Trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
 
 
 def _batch(c):

@@ -20,7 +20,11 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from tokjax import config_defaults, config_validation, evaluation, paths, sharding, train_state
+from tokjax import evaluator as evaluator_lib
+from tokjax import paths, sharding
+from tokjax import trainer as trainer_lib
+from tokjax.config import defaults as config_defaults
+from tokjax.config import validation as config_validation
 from tokjax.errors import UserError
 
 
@@ -252,7 +256,7 @@ class Checkpoint:
   """A restored run: its saved config, a Trainer rebuilt from it, the params and the step."""
 
   config: object
-  trainer: train_state.Trainer
+  trainer: trainer_lib.Trainer
   params: dict
   step: int
   path: str
@@ -273,9 +277,9 @@ class Checkpoint:
       raise UserError(f'checkpoint step {step} of {self.path} is unusable: {e}.') from None
 
   @functools.cached_property
-  def evaluator(self) -> evaluation.Evaluator:
+  def evaluator(self) -> evaluator_lib.Evaluator:
     """The run's evaluator (its forwards compile once per checkpoint)."""
-    return evaluation.Evaluator(self.trainer)
+    return evaluator_lib.Evaluator(self.trainer)
 
 
 def inspection_manager(path: str) -> ocp.CheckpointManager:
@@ -331,7 +335,7 @@ def _load_step(mgr, path: str, step: int, mesh, trainer=None) -> Checkpoint:
   else:
     try:
       config_validation.validate(config)
-      trainer = train_state.Trainer(config, inspection_mesh(config) if mesh is None else mesh)
+      trainer = trainer_lib.Trainer(config, inspection_mesh(config) if mesh is None else mesh)
     except (KeyError, AttributeError, TypeError, UserError) as e:
       raise BadStep(
           f'its "config" item does not describe a tokjax model this version builds ({e}); it may '

@@ -79,7 +79,7 @@ def _parse(argv):
         ),
         None,
     )
-    fail(f'unknown config key {key or e}; check the field names in tokjax/config_defaults.py.')
+    fail(f'unknown config key {key or e}; check the field names in tokjax/config/defaults.py.')
   except (IOError, OSError) as e:
     fail(_config_error(e))
   except (NameError, ImportError, TypeError, ValueError) as e:

@@ -198,7 +198,9 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
   says, the bytes it needed; other compile errors propagate.
   """
 
-  from tokjax import config_validation, flops, sharding, train_state  # pylint: disable=g-import-not-at-top
+  from tokjax import flops, sharding  # pylint: disable=g-import-not-at-top
+  from tokjax import trainer as trainer_lib
+  from tokjax.config import validation as config_validation
 
   config_validation.validate(config)
   mesh = sharding.make_mesh(config.mesh, devices)
@@ -208,7 +210,7 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
         f'config.data.batch_size={config.data.batch_size} does not split into data*fsdp={shards} '
         'shards; use a multiple (or --per_device_batch).'
     )
-  trainer = train_state.Trainer(config, mesh)
+  trainer = trainer_lib.Trainer(config, mesh)
   state, shard = trainer.abstract_state, trainer.state_sharding
   batch, key = abstract_inputs(config, mesh)
   analytic = flops.step_flops(config)
@@ -232,7 +234,7 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
       if trainer.model.num_stages
       else analytic,
   }
-  # The memory options (config_defaults: model.remat/scan_layers/attention, optim.grad_accum_steps).
+  # The memory options (tokjax.config.defaults: model.remat/scan_layers/attention, optim.grad_accum_steps).
   m = config.model
   if 'remat' in m:
     report['remat'] = {k: str(v) for k, v in dict(m.remat).items()}

@@ -18,8 +18,8 @@ the same way) with sampled and with greedy boundaries. Writes FILE_PREFIX.json a
     chunk, whitespace precision / recall / F1 and line precision / recall of the chunk ends of every
     stage, and at stage s >= 1 the whitespace and line lift over stage s - 1 (its precision minus
     the chance level that stage s - 1's ends set; the report's stage{s}_* entries; see
-    `tokjax.evaluation`).
-The statistics and their exact definitions are `tokjax.evaluation`'s, the same code the trainer's
+    `tokjax.evaluator`).
+The statistics and their exact definitions are `tokjax.evaluator`'s, the same code the trainer's
 validation runs: with the same key, `--split val` reproduces the trainer's own val bpb.
 The checkpoint is restored by `tokjax.checkpointing.load_checkpoint`: a damaged latest step is reported
 and the previous one used, unless --step demands one.
@@ -31,7 +31,7 @@ import os
 from absl import flags
 import numpy as np
 
-from tokjax import checkpointing, cli, evaluation, paths
+from tokjax import checkpointing, cli, evaluator, paths, significance
 from tokjax.data import pipeline
 from tokjax.errors import UserError
 from tokjax.models import stage_views
@@ -70,7 +70,7 @@ def to_markdown(report: dict) -> str:
   ]
   modes = report['modes']
   lines += [
-      f'| boundaries | bpb (pooled over bytes) {evaluation.SE_LABEL} | per-document bpb '
+      f'| boundaries | bpb (pooled over bytes) {significance.SE_LABEL} | per-document bpb '
       '(documents cut to seq_len - 1 bytes, mean +- s.e.) | rate | bytes/chunk | '
       'ws P / R / F1 | BPE P / R / F1 |',
       '|---|---|---|---|---|---|---|',
@@ -105,7 +105,7 @@ def to_markdown(report: dict) -> str:
         line = ' / '.join(f"{m[f'{p}line_{k}']:.3f}" for k in ('precision', 'recall'))
         lift = ' / '.join(
             f"{m[f'{p}{name}_lift']:+.3f} +- {m[f'{p}{name}_lift_se']:.3f}"
-            for name in evaluation.LIFT_REFERENCES
+            for name in evaluator.LIFT_REFERENCES
             if s
         )
         lines.append(

@@ -39,173 +39,30 @@ batches):
 """
 
 import functools
-import math
 
 import jax
 import numpy as np
 
-from tokjax import boundary_stats, losses, sharding
+from tokjax import boundary_stats, losses, sharding, significance
 from tokjax.data import pipeline
 from tokjax.models import interface
 
 PRF = ('precision', 'recall', 'f1')  # The statistics of a reference with an F1 (not line ends).
-SE_LABEL = '+- s.e. (ratio estimator over documents)'
 LIFT_REFERENCES = ('whitespace', 'line')  # The references of the stage-s lifts.
-
-
-def ratio_and_se(ce, nbytes) -> tuple[float, float]:
-  """Bits-per-byte pooled over bytes and its standard error (ratio estimator, documents as units).
-
-  Args:
-    ce: float[D], each document's summed cross-entropy in nats.
-    nbytes: float[D], each document's scored bytes; documents with none are left out.
-
-  Returns:
-    (bpb, se) with R = sum(ce) / sum(nbytes), bpb = R / ln 2 and
-    se = sqrt(D / (D - 1) * sum_d (ce_d - R * nbytes_d)^2) / sum(nbytes) / ln 2 (NaN for D < 2).
-  """
-  ce, nbytes = np.asarray(ce, np.float64), np.asarray(nbytes, np.float64)
-  keep = nbytes > 0
-  ce, nbytes = ce[keep], nbytes[keep]
-  d, total = len(ce), nbytes.sum()
-  if d == 0:
-    return float('nan'), float('nan')
-  r = ce.sum() / total
-  se = math.sqrt(d / (d - 1) * np.sum((ce - r * nbytes) ** 2)) / total if d > 1 else math.nan
-  return float(r / math.log(2)), float(se / math.log(2))
-
-
-def share_and_se(num, den) -> tuple[float, float]:
-  """sum(num) / sum(den) over documents and its ratio-estimator standard error (documents as
-  units; `ratio_and_se`, whose bits-per-byte scaling by 1 / ln 2 is undone here)."""
-  r, se = ratio_and_se(num, den)
-  return r * math.log(2), se * math.log(2)
-
-
-def paired_share_difference(num_a, den_a, num_b, den_b) -> tuple[float, float]:
-  """R_a - R_b of two shares over the same documents (R = sum(num) / sum(den)) and its standard
-  error: the ratio estimator's linearisation z_d = (num_a - R_a den_a) / sum(den_a) - (the same of
-  b), se = sqrt(D / (D - 1) sum_d z_d^2). Documents where either den is 0 still count (z_d from the
-  other side); NaN when a side has no denominator at all."""
-  num_a, den_a, num_b, den_b = (np.asarray(x, np.float64) for x in (num_a, den_a, num_b, den_b))
-  if den_a.sum() == 0 or den_b.sum() == 0:  # A side without ends has no share to compare.
-    return math.nan, math.nan
-  ra, rb = num_a.sum() / den_a.sum(), num_b.sum() / den_b.sum()
-  z = (num_a - ra * den_a) / den_a.sum() - (num_b - rb * den_b) / den_b.sum()
-  d = len(z)
-  return float(ra - rb), float(math.sqrt(d / (d - 1) * np.sum(z**2))) if d > 1 else math.nan
-
-
-def document_ids(docs) -> np.ndarray:
-  """int32[len(packed stream)]: the document each position of `pipeline.pack_documents(docs)` is in."""
-  return np.repeat(np.arange(len(docs), dtype=np.int32), [len(d) + 1 for d in docs])
-
-
-def unit_ids(docs, unit_bytes: int = 0) -> tuple[np.ndarray, int]:
-  """(int32[len(packed stream)], number of units): the scoring unit of each stream position.
-
-  With unit_bytes = 0 a unit is a document (`document_ids`). With unit_bytes = W > 0 each document's
-  positions 0..len (BOS first) are cut into consecutive windows of W, so a document of n bytes has
-  ceil((n + 1) / W) units; a unit never spans two documents, and a target byte belongs to the unit of
-  its own position, so the units' CE sums to the documents'.
-  """
-  if not unit_bytes:
-    return document_ids(docs), len(docs)
-  lengths, per_doc = _units_per_document(docs, unit_bytes)
-  first = np.concatenate([[0], np.cumsum(per_doc)[:-1]])
-  offset = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-  return (np.repeat(first, lengths) + offset // unit_bytes).astype(np.int32), int(per_doc.sum())
-
-
-def _units_per_document(docs, unit_bytes: int) -> tuple[np.ndarray, np.ndarray]:
-  """(int64[D] stream positions of each document, BOS included; int64[D] its windows of
-  unit_bytes)."""
-  lengths = np.array([len(d) + 1 for d in docs], np.int64)
-  return lengths, -(-lengths // unit_bytes)
-
-
-def unit_documents(docs, unit_bytes: int = 0) -> np.ndarray:
-  """int32[U]: the document of each unit of `unit_ids(docs, unit_bytes)`, to sum units into
-  documents (a unit never spans two)."""
-  if not unit_bytes:
-    return np.arange(len(docs), dtype=np.int32)
-  _, per_doc = _units_per_document(docs, unit_bytes)
-  return np.repeat(np.arange(len(docs), dtype=np.int32), per_doc)
-
-
-def paired_difference(ce_a, ce_b, nbytes, documents=None) -> dict:
-  """Model a minus model b in bits-per-byte on the same units, with its paired standard errors.
-
-  Args:
-    ce_a, ce_b: float[U], each unit's summed cross-entropy in nats under a and under b.
-    nbytes: float[U], each unit's scored bytes (the same for both); units with none are left out.
-    documents: optional int[U], the document of each unit (`unit_documents`).
-
-  Returns:
-    {'diff': bpb(a) - bpb(b) (pooled over bytes), 'se': its standard error by the ratio estimator on
-    the per-unit differences ce_a - ce_b (`ratio_and_se`), 'a_better': the share of units on which
-    a has the lower cross-entropy, 'b_better': the same for b, 'units': U}; with documents also
-    'clustered_se', the same estimator on the differences summed per document, and 'documents'.
-    Because both models are scored on the same units, the variation between units that both share
-    cancels: se is usually far below either model's own bpb_se. The windows of one document share
-    its topic, style and length, so their differences are correlated and se, which treats them as
-    independent, is too small by about sqrt(1 + (m - 1) rho) for m windows of correlation rho:
-    clustered_se is the error to judge a difference by.
-  """
-  ce_a, ce_b = np.asarray(ce_a, np.float64), np.asarray(ce_b, np.float64)
-  nbytes = np.asarray(nbytes, np.float64)
-  if not ce_a.shape == ce_b.shape == nbytes.shape:
-    raise ValueError(f'unit counts differ: {ce_a.shape}, {ce_b.shape}, {nbytes.shape}')
-  keep = nbytes > 0
-  diff, se = ratio_and_se(ce_a[keep] - ce_b[keep], nbytes[keep])
-  units = int(keep.sum())
-  out = {
-      'diff': diff,
-      'se': se,
-      'a_better': float(np.mean(ce_a[keep] < ce_b[keep])) if units else math.nan,
-      'b_better': float(np.mean(ce_b[keep] < ce_a[keep])) if units else math.nan,
-      'units': units,
-  }
-  if documents is not None:
-    documents = np.asarray(documents, np.int64)
-    if documents.shape != nbytes.shape:
-      raise ValueError(f'{documents.shape} document ids for {nbytes.shape} units')
-    per_doc = lambda x: np.bincount(documents, weights=x)
-    doc_bytes = per_doc(nbytes)
-    out['clustered_se'] = ratio_and_se(per_doc(ce_a - ce_b), doc_bytes)[1]
-    out['documents'] = int(np.sum(doc_bytes > 0))
-  return out
-
-
-FOUND_BY = 2.0  # A difference is found when it exceeds this many of `judged_se`'s errors.
-
-
-def judged_se(clustered_se: float, seed_se: float | None) -> float:
-  """The error a paired difference is judged by: the larger of its document-clustered error
-  (`paired_difference`) and the standard error of its per-seed differences (None: one seed, which
-  has none, and the clustered error stands alone)."""
-  return clustered_se if seed_se is None else max(clustered_se, seed_se)
-
-
-def verdict(diff: float, clustered_se: float, seed_se: float | None) -> str:
-  """'found' when |diff| > FOUND_BY x `judged_se` with two seeds or more; 'one seed' when it
-  exceeds FOUND_BY clustered errors but a single seed leaves the seed error unknown; else 'not
-  found' (inside the errors, or an error is NaN)."""
-  if not abs(diff) > FOUND_BY * judged_se(clustered_se, seed_se):
-    return 'not found'
-  return 'one seed' if seed_se is None else 'found'
 
 
 def _forward(model, mode, params, batch, key):
   """-> (CE nats float32[B, L], zero where mask is 0; executed boundaries of every stage on bytes
-  float32[B, S, L] (`interface.levels_on_bytes`: one level of zeros for a model without stages))."""
-  out = model.apply({'params': params}, batch['inputs'], key, mode=mode)
+  float32[B, S, L] (`interface.levels_on_bytes`: one level of zeros for a model without stages)).
+  Mode 'given' executes batch['actions'] at every stage."""
+  given = {'actions': batch['actions']} if mode == 'given' else {}
+  out = model.apply({'params': params}, batch['inputs'], key, mode=mode, **given)
   ce = losses.cross_entropy(out.logits, batch['targets']) * batch['mask']
   return ce, interface.levels_on_bytes(out)
 
 
 class Evaluator:
-  """Evaluates params of a `train_state.Trainer`'s model on eval batches (see the module docstring).
+  """Evaluates params of a `trainer.Trainer`'s model on eval batches (see the module docstring).
 
   The forward of each mode is compiled once per Evaluator, with the trainer's parameter and batch
   shardings, so the trainer's val numbers and an inspected checkpoint's are the same computation.
@@ -227,7 +84,7 @@ class Evaluator:
             ),
             out_shardings=replicated,
         )
-        for mode in self.modes
+        for mode in self.modes + (('given',) if self.has_boundaries else ())
     }
 
   def run(
@@ -243,6 +100,8 @@ class Evaluator:
       unit_bytes=0,
       references=None,
       counts=False,
+      given=None,
+      subsets=None,
   ) -> dict:
     """Evaluates the documents `docs` (one split) on `batches`.
 
@@ -252,6 +111,11 @@ class Evaluator:
     stage 0's boundaries against. references: optional {name: `boundary_stats.Reference`} scored at
     every level besides the builtin ones (whitespace, line), e.g. an experiment's own. counts: also
     return the sums behind the boundary statistics. A flat model has only 'sample'.
+    given: optional {name: `boundary_stats.Reference`}: also run the model on the boundaries each
+    marks (executed at every stage, first and last positions forced as always), scored like a mode
+    under its name. subsets: optional {name: bool[len(doc)] per document} marking bytes whose own
+    bits-per-byte to report: '{name}_bpb', '{name}_bpb_se' (pooled over the marked bytes, standard
+    error over documents as for bpb) and '{name}_bytes'.
 
     Returns:
       {mode: {'bpb', 'bpb_se', 'documents', 'bytes', 'unit_ce', 'unit_bytes', 'unit_documents'} +
@@ -264,6 +128,10 @@ class Evaluator:
     """
     if references and 'bpe' in references:
       raise ValueError("'bpe' is the reference of bpe_starts; give yours another name.")
+    if given and (not self.has_boundaries or set(given) & set(self.modes)):
+      raise ValueError(
+          f'given boundaries need a model with boundaries and names besides {self.modes}.'
+      )
     modes = [m for m in (modes or self.modes) if m in self.modes]
     if batches is None:
       batches = pipeline.make_eval_batches(
@@ -272,37 +140,63 @@ class Evaluator:
           batch_size=self.config.eval.batch_size,
           max_batches=max_batches,
       )
-    doc_of = document_ids(docs)
-    unit_of, num_units = unit_ids(docs, unit_bytes)
+    doc_of = significance.document_ids(docs)
+    unit_of, num_units = significance.unit_ids(docs, unit_bytes)
     refs = boundary_stats.with_references(references)
     bpe = boundary_stats.stream_reference(bpe_starts) if bpe_starts is not None else None
-    args = (doc_of, len(doc_of), len(docs), refs, bpe, unit_of, num_units, counts)
-    unit_doc = [int(x) for x in unit_documents(docs, unit_bytes)]
+    subs = {name: boundary_stats.stream_reference(m) for name, m in (subsets or {}).items()}
+    args = (doc_of, len(doc_of), len(docs), refs, bpe, unit_of, num_units, counts, subs)
+    unit_doc = [int(x) for x in significance.unit_documents(docs, unit_bytes)]
     out = {mode: self._run_mode(params, mode, batches, key, *args) for mode in modes}
+    for name, marks in (given or {}).items():
+      out[name] = self._run_mode(params, 'given', batches, key, *args, given=marks)
     for m in out.values():
       m['unit_documents'] = unit_doc
     return out
 
   def _run_mode(
-      self, params, mode, batches, key, doc_of, n, num_docs, refs, bpe, unit_of, num_units, counts
+      self,
+      params,
+      mode,
+      batches,
+      key,
+      doc_of,
+      n,
+      num_docs,
+      refs,
+      bpe,
+      unit_of,
+      num_units,
+      counts,
+      subs,
+      given=None,
   ) -> dict:
     ce_doc, bytes_doc = np.zeros(num_docs), np.zeros(num_docs)
+    ce_sub = {name: np.zeros((2, num_docs)) for name in subs}  # Per document: CE, bytes.
     ce_unit, bytes_unit = np.zeros(num_units), np.zeros(num_units)
     levels, hists = None, None  # Per level of boundaries: {reference: Counts}, chunk histogram.
     free_ends = None  # Per level: {'ends' or a LIFT_REFERENCES name: float[num_docs]} (the lifts).
     for i, batch in enumerate(batches):
-      placed = sharding.global_batch_from_global(pipeline.model_batch(batch), self.trainer.mesh)
+      pos = pipeline.stream_positions(batch)  # Input byte positions; target t sits at pos + 1.
+      model_in = pipeline.model_batch(batch)
+      if given is not None:
+        model_in['actions'] = np.asarray(given(batch['inputs'], pos), np.float32)
+      placed = sharding.global_batch_from_global(model_in, self.trainer.mesh)
       with sharding.use(self.trainer.mesh, self.config.mesh):
         out = self._forwards[mode](params, placed, jax.random.fold_in(key, i))
       ce, actions = jax.device_get(out)
       mask = batch['mask'] > 0
-      pos = pipeline.stream_positions(batch)  # Input byte positions; target t sits at pos + 1.
       target_pos = np.clip(pos + 1, 0, n - 1)[mask]
       tdoc, tunit = doc_of[target_pos], unit_of[target_pos]
       ce_doc += np.bincount(tdoc, weights=ce[mask], minlength=num_docs)
       bytes_doc += np.bincount(tdoc, minlength=num_docs)
       ce_unit += np.bincount(tunit, weights=ce[mask], minlength=num_units)
       bytes_unit += np.bincount(tunit, minlength=num_units)
+      for name, sub in subs.items():
+        w = sub(batch['inputs'], pos + 1)[mask]  # The marks of the target bytes.
+        ce_sub[name] += [
+            np.bincount(tdoc, weights=x, minlength=num_docs) for x in (ce[mask] * w, w)
+        ]
       if not self.has_boundaries:
         continue
       marks = boundary_stats.masks(refs, batch['inputs'], pos)
@@ -315,7 +209,7 @@ class Evaluator:
       hists = boundary_stats.merge(hists, batch_hists)
       if len(ends) > 1:
         free_ends = _add_free_ends(free_ends, ends, mask, marks, tdoc, num_docs)
-    bpb, se = ratio_and_se(ce_doc, bytes_doc)
+    bpb, se = significance.ratio_and_se(ce_doc, bytes_doc)
     m = {
         'bpb': bpb,
         'bpb_se': se,
@@ -324,6 +218,9 @@ class Evaluator:
         'unit_ce': [float(x) for x in ce_unit],
         'unit_bytes': [int(x) for x in bytes_unit],
     }
+    for name, (ce_s, bytes_s) in ce_sub.items():
+      m[f'{name}_bpb'], m[f'{name}_bpb_se'] = significance.ratio_and_se(ce_s, bytes_s)
+      m[f'{name}_bytes'] = int(bytes_s.sum())
     if levels is None:
       return m
     rates = boundary_stats.level_rates(
@@ -342,7 +239,7 @@ class Evaluator:
     scored = bytes_doc > 0
     for s in range(1, len(free_ends or ())):
       for name in LIFT_REFERENCES:
-        lift, lift_se = paired_share_difference(
+        lift, lift_se = significance.paired_share_difference(
             *(free_ends[level][key][scored] for level in (s, s - 1) for key in (name, 'ends'))
         )
         m[interface.stage_metric(s, f'{name}_lift')] = lift
@@ -377,11 +274,3 @@ def scalars(results: dict) -> dict:
     prefix = '' if mode == 'sample' else f'{mode}_'
     out.update({prefix + k: v for k, v in m.items() if isinstance(v, (int, float))})
   return out
-
-
-def format_bpb(bpb: float, se: float, digits: int = 4) -> str:
-  """'1.2345 +- 0.0123 s.e. (ratio estimator over documents)'; without a standard error (fewer than
-  two documents) '1.2345 (one document: no s.e.)'."""
-  if math.isnan(se):
-    return f'{bpb:.{digits}f} (one document: no s.e.)'
-  return f'{bpb:.{digits}f} +- {se:.{digits}f} s.e. (ratio estimator over documents)'

@@ -26,7 +26,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from tokjax import checkpointing, cli, decoding, segmentation
+from tokjax import checkpointing, cli, decoding, tokenization
 from tokjax.errors import UserError
 
 
@@ -62,12 +62,12 @@ def run_generation(
   t2 = time.perf_counter()
   ids = np.asarray(out['tokens'][0, 1:])
   text = bytes(ids.astype(np.uint8).tolist())
-  actions = segmentation.as_levels(np.asarray(out['actions'][0, ..., 1:]))
+  actions = tokenization.as_levels(np.asarray(out['actions'][0, ..., 1:]))
   return {
       'out': out,
       'text': text,
       'actions': actions,
-      'marked': segmentation.render(text, actions),
+      'marked': tokenization.render(text, actions),
       'compile_s': t1 - t0,
       'seconds': t2 - t1,
       'bytes_per_s': (len(prompt) + num_bytes) / max(t2 - t1, 1e-9),
@@ -159,12 +159,12 @@ def main(argv):
         f'note: {total} positions exceed the training seq_len {seq_len}: the window slides (each '
         f'later step reads the last {seq_len // 2 + 1} bytes).'
     )
-    print(f'--- {f.boundaries} boundaries, {segmentation.legend(stages)} ---')
+    print(f'--- {f.boundaries} boundaries, {tokenization.legend(stages)} ---')
     print(prompt.decode('utf-8', errors='replace'), end='', flush=True)
     t0, made = time.perf_counter(), 0
     for new, actions in stream_generation(*args, not f.no_cache, seq_len):
       made += len(new)
-      print(segmentation.render(new, actions, terminal=True), end='', flush=True)
+      print(tokenization.render(new, actions, terminal=True), end='', flush=True)
     seconds = time.perf_counter() - t0
     print(f'\n---\n{made} bytes in {seconds:.1f} s (compilation included)')
     return
@@ -173,9 +173,9 @@ def main(argv):
   for cached in paths:
     runs[cached] = run_generation(*args, cached)
   res = runs[paths[0]]
-  legend = segmentation.legend(stages)
+  legend = tokenization.legend(stages)
   print(f'--- {f.boundaries} boundaries, {legend}; prompt: {len(prompt)} bytes ---')
-  print(segmentation.render(res['text'], res['actions'], terminal=True))
+  print(tokenization.render(res['text'], res['actions'], terminal=True))
   print('---')
   for cached, r in runs.items():
     name = 'cached' if cached else 'uncached'

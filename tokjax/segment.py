@@ -16,7 +16,7 @@ each stage-s chunk (s >= 1). The console lists the chunk count of every level.
 
 Files longer than the model's seq_len are processed in overlapping windows: each window re-reads the
 encoder's receptive field of already-decided bytes as context and keeps only the decisions of the
-bytes after it, and never the window's forced last position (see `segmentation.segment_text`). For the
+bytes after it, and never the window's forced last position (see `tokenization.segment_text`). For the
 independent (w = 1) policy the result equals one pass over the whole file; the file's first byte is
 read after a BOS, as a document's first byte is in training.
 """
@@ -29,7 +29,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from tokjax import checkpointing, cli, paths, segmentation
+from tokjax import checkpointing, cli, paths, tokenization
 from tokjax.errors import UserError
 
 
@@ -81,8 +81,8 @@ def to_html(text: bytes, actions, probs, title: str) -> str:
   heavier where a chunk of a higher stage ends too. actions, probs: float[n] or float[S, n]."""
   import html  # pylint: disable=g-import-not-at-top
 
-  levels = segmentation.as_levels(actions)
-  probs = segmentation.as_levels(probs)[0]
+  levels = tokenization.as_levels(actions)
+  probs = tokenization.as_levels(probs)[0]
   depth = np.sum(levels > 0.5, axis=0)
   parts = []
   for s, e in utf8_spans(text):
@@ -121,8 +121,8 @@ def plot_heatmap(text: bytes, actions, probs, path: str, title: str, cols: int =
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  levels = segmentation.as_levels(actions)
-  probs = segmentation.as_levels(probs)[0]
+  levels = tokenization.as_levels(actions)
+  probs = tokenization.as_levels(probs)[0]
   depth = np.sum(levels > 0.5, axis=0)
   n = len(text)
   rows = -(-n // cols)
@@ -175,18 +175,18 @@ def segment_file(
         f'{checkpoint} holds a flat model, which makes no chunks; pass a run of a '
         'hierarchical model.'
     )
-  overlap = segmentation.window_overlap(config)
-  actions, probs = segmentation.segment_text(
+  overlap = tokenization.window_overlap(config)
+  actions, probs = tokenization.segment_text(
       ckpt.model, ckpt.params, text, config.data.seq_len, jax.random.PRNGKey(seed), mode, overlap
   )
-  by_level = [segmentation.chunk_offsets(actions, s) for s in range(len(actions))]
+  by_level = [tokenization.chunk_offsets(actions, s) for s in range(len(actions))]
   offsets = by_level[0]
   # A local path or URL prefix.
   out = os.fspath(out or paths.join(checkpoint, 'segment', os.path.basename(file)))
   paths.resolve(out).parent.mkdir(parents=True, exist_ok=True)
   title = f'{os.path.basename(file)}: {mode} boundaries of {checkpoint} (step {ckpt.step})'
   outputs = {k: f'{out}.{k}' for k in ('txt', 'json', 'html', 'png')}
-  paths.write_text(outputs['txt'], segmentation.render(text, actions, delimiter))
+  paths.write_text(outputs['txt'], tokenization.render(text, actions, delimiter))
   record = {
       'file': os.path.abspath(file),
       'checkpoint': paths.absolute(checkpoint),
@@ -247,9 +247,9 @@ def main(argv):
   else:
     for s, offsets in enumerate(by_level):
       print(f'stage {s}: {count(offsets)} per chunk)')
-    print(f'first lines ({segmentation.legend(len(by_level), f.delimiter)}):')
+    print(f'first lines ({tokenization.legend(len(by_level), f.delimiter)}):')
   print(
-      segmentation.render(
+      tokenization.render(
           res['text'][:400], res['actions'][:, :400], f.delimiter, max_lines=6, terminal=True
       )
   )

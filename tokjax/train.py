@@ -27,18 +27,19 @@ import jax
 from ml_collections import config_flags
 
 from tokjax import (
-    checkpointing,
-    cli,
-    config_validation,
-    distributed,
-    evaluation,
-    flops,
-    paths,
-    profiling,
-    segmentation,
-    sharding,
-    train_state,
+  checkpointing,
+  cli,
+  distributed,
+  flops,
+  paths,
+  profiling,
+  sharding,
+  significance,
+  tokenization,
 )
+from tokjax import evaluator as evaluator_lib
+from tokjax import trainer as trainer_lib
+from tokjax.config import validation as config_validation
 from tokjax.data import pipeline
 from tokjax.errors import Interrupted, UserError
 from tokjax.metric_writers import MetricWriter, plot_curves, read_metrics
@@ -116,16 +117,16 @@ def format_eta(seconds: float) -> str:
 
 def show_segmentation(trainer, params, data, config, key) -> str:
   """Held-out lines (from the test split) with '|' after each chunk ('||' where a stage-1 chunk ends
-  too, and so on: `segmentation.render`), greedy and sampled."""
+  too, and so on: `tokenization.render`), greedy and sampled."""
   text = data.splits['test'][0]
   lines = []
   for mode in ('greedy', 'sample'):
-    shown, actions, _ = segmentation.boundaries_for(
+    shown, actions, _ = tokenization.boundaries_for(
         trainer.model, params, text, config.data.seq_len, key, mode
     )
     lines.append(f'--- {mode} boundaries ---')
     lines.append(
-        segmentation.render(shown, actions, max_lines=config.eval.segment_lines, terminal=True)
+        tokenization.render(shown, actions, max_lines=config.eval.segment_lines, terminal=True)
     )
   return '\n'.join(lines)
 
@@ -224,13 +225,13 @@ class Reporter:
         else ''
     )
     print(
-        f'  val bpb {evaluation.format_bpb(val["bpb"], val["bpb_se"])}{greedy} | gzip -9 '
+        f'  val bpb {significance.format_bpb(val["bpb"], val["bpb_se"])}{greedy} | gzip -9 '
         f'{ref["gzip"]:.3f} xz -9 {ref["xz"]:.3f}{seg}',
         flush=True,
     )
     # Watch the tokenization form: a held-out line with greedy boundaries (every level).
     if self.stages:
-      shown, actions, _ = segmentation.boundaries_for(
+      shown, actions, _ = tokenization.boundaries_for(
           self.trainer.model,
           params,
           self.data.splits['test'][0],
@@ -238,7 +239,7 @@ class Reporter:
           key,
           'greedy',
       )
-      print(f'  greedy: {segmentation.preview(shown, actions)}', flush=True)
+      print(f'  greedy: {tokenization.preview(shown, actions)}', flush=True)
 
   def finish(self, val: dict, params, key, checkpoint_dir: str) -> None:
     self.writer.close()
@@ -251,7 +252,7 @@ class Reporter:
     )
     print(f'wrote {self.writer.path}, {png}, checkpoints in {checkpoint_dir}')
     if self.stages:
-      legend = segmentation.legend(self.stages)
+      legend = tokenization.legend(self.stages)
       print(f'learned segmentation of held-out text ({legend}):')
       print(show_segmentation(self.trainer, params, self.data, self.config, key))
 
@@ -348,7 +349,7 @@ def train(config, resume: bool = False, step: int | None = None, overwrite: bool
   prepare_workdir(config.train.workdir, resume, overwrite)
   mesh = sharding.make_mesh(config.mesh)
   data = pipeline.build_data(config)
-  trainer = train_state.Trainer(config, mesh)
+  trainer = trainer_lib.Trainer(config, mesh)
   mgr = checkpointing.manager(config.train.workdir, config.train.keep_checkpoints)
   init_key, train_key, eval_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
   state, restored = initial_state(config, trainer, data, mgr, init_key, resume, step)
@@ -359,7 +360,7 @@ def train(config, resume: bool = False, step: int | None = None, overwrite: bool
   report.header(mesh)
   saved = start if restored else None
   write_status(config.train.workdir, 'running', start, saved)
-  evaluator, val, bad_at_start = evaluation.Evaluator(trainer), {}, int(state.nonfinite)
+  evaluator, val, bad_at_start = evaluator_lib.Evaluator(trainer), {}, int(state.nonfinite)
   every = lambda done, n: done % n == 0 or done == total
   profiler = profiling.StepProfiler.from_config(config)  # Off unless config.train.profile_steps.
   with StopSignals(mgr) as signals:
@@ -378,7 +379,7 @@ def train(config, resume: bool = False, step: int | None = None, overwrite: bool
       if any(every(done, n) for n in (t.log_every, t.eval_every, t.checkpoint_every)):
         check_finite(state, bad_at_start, done, mgr)
       if every(done, t.eval_every):
-        val = evaluation.scalars(
+        val = evaluator_lib.scalars(
             evaluator.run(state.params, data.splits['val'], eval_key, batches=data.val_batches)
         )
         report.val(done, val, state.params, eval_key)

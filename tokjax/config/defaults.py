@@ -2,10 +2,10 @@
 
 Config files in configs/ start from `base_config()` and change what they need; every field can be
 overridden on the command line (`--config.model.d_model=256`). Elsewhere:
-  tokjax/config_validation.py   `validate(config)`: one UserError line naming a bad field (each
+  tokjax/config/validation.py   `validate(config)`: one UserError line naming a bad field (each
                                 section is checked by the code that reads it)
-  tokjax/presets.py             the paper's sizes and the smoke-test shrink `tiny`
-  tokjax/config_files.py        named variants of config files (`FILE.py:NAME`) and `load(name)`
+  tokjax/config/presets.py      the paper's sizes and the smoke-test shrink `tiny`
+  tokjax/config/files.py        named variants of config files (`FILE.py:NAME`) and `load(name)`
   tokjax/models/stage_views.py  config.model.stages and config.stages as each stage reads them
 """
 
@@ -109,7 +109,7 @@ def base_config() -> ml_collections.ConfigDict:
   )
   c.optim = dict(
       # AdamW with a linear warmup from warmup_init_factor * lr to lr, then cosine decay to
-      # min_lr_factor * lr at train.steps (train_state.learning_rate_schedule).
+      # min_lr_factor * lr at train.steps (trainer.learning_rate_schedule).
       lr=2e-3,
       warmup_steps=50,
       warmup_init_factor=0.1,

@@ -31,7 +31,9 @@ def parse_variant(arg, variants, default: str, known=('tiny',)) -> tuple[str, se
   return name, set(options)
 
 
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
+# The repository's configs/, two folders above this file's package.
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS_DIR = os.path.join(REPO, 'configs')
 
 
 def set_fields(config, fields: dict) -> None:

@@ -5,7 +5,8 @@ smoke-test shrink `tiny` (the `,tiny` option of config variants, the experiments
 
 import ml_collections
 
-from tokjax import config_defaults, models
+from tokjax import models
+from tokjax.config import defaults as config_defaults
 
 # The paper's reference setups: d, heads, down/mid/up, seq, batch, lr, bytes, corpus.
 PAPER_SIZES = {

@@ -1,11 +1,11 @@
 """`validate(config)`: one UserError line that names the first bad field and what it accepts.
 
-What holds for every field (a finite number; a field that config_defaults declares) is checked here;
+What holds for every field (a finite number; a field that tokjax.config.defaults declares) is checked here;
 each section of the config is checked by the code that reads it:
   data, eval                      tokjax/data/pipeline.py (`build_data` reads both)
   model, boundary, stages         tokjax/models/validation.py (a boundary method's own section by
                                   its registry entry's `validate`)
-  train, optim                    tokjax/train_state.py
+  train, optim                    tokjax/trainer.py
   estimator, stages' estimator    tokjax/estimator.py (a baseline's own section by its `validate`)
 """
 
@@ -13,7 +13,8 @@ import math
 
 import ml_collections
 
-from tokjax import config_defaults, estimator, models, train_state
+from tokjax import estimator, models, trainer
+from tokjax.config import defaults as config_defaults
 from tokjax.data import pipeline
 from tokjax.errors import UserError
 from tokjax.models import registry, stage_views
@@ -62,7 +63,7 @@ def validate(config) -> None:
   _check_sections(config)
   pipeline.validate(config)
   model_validation.validate(config)
-  train_state.validate(config)
+  trainer.validate(config)
   estimator.validate(
       config,
       stages=stage_views.stage_count(config),

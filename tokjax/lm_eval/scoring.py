@@ -39,7 +39,7 @@ Each row draws with fold_in(fold_in(key, crc32 of its text), draw), so a text's 
 on the batch it lands in, nor on the other requests.
 
 Rows are batched into static shapes (batch_size, length) with length the smallest of `row_lengths` that
-holds the row, so the forward compiles once per shape. The forward is `tokjax.evaluation._forward`,
+holds the row, so the forward compiles once per shape. The forward is `tokjax.evaluator._forward`,
 the Evaluator's, run on one row at a time under vmap (per-row keys); the argmax of its logits (for
 is_greedy: over the 256 byte values, as generation draws bytes) is read from the model's output
 through `flax.linen.intercept_methods` instead of a second forward.
@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import evaluation
+from tokjax import evaluator
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 
@@ -209,7 +209,7 @@ def _logsumexp(x) -> float:
 
 
 def _row_forward(model, mode, params, row, key):
-  """`evaluation._forward` on one row: row {inputs, targets, mask}: [L] -> (CE nats float32[L],
+  """`evaluator._forward` on one row: row {inputs, targets, mask}: [L] -> (CE nats float32[L],
   whether each target is the argmax of the model's byte logits bool[L])."""
   captured = {}
   depth = [0]
@@ -228,7 +228,7 @@ def _row_forward(model, mode, params, row, key):
     return out
 
   with nn.intercept_methods(outermost_logits):
-    ce, _ = evaluation._forward(  # pylint: disable=protected-access
+    ce, _ = evaluator._forward(  # pylint: disable=protected-access
         model, mode, params, {k: v[None] for k, v in row.items()}, key
     )
   return ce[0], captured['argmax'][0] == row['targets']

@@ -2,7 +2,7 @@
 
 Stage 0 draws chunk boundaries over bytes with config.boundary and config.model; stage s >= 1 draws
 them over the chunks of stage s - 1 with entry s - 1 of each config.stages tuple (the fields are
-declared in tokjax/config_defaults.py; tokjax/models/hierarchical.py builds the levels).
+declared in tokjax/config/defaults.py; tokjax/models/hierarchical.py builds the levels).
 """
 
 import ml_collections

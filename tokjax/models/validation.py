@@ -2,7 +2,7 @@
 
 Each boundary method checks its own section through its registry entry's `validate`
 (tokjax/models/registry.py); `validate` here checks the rest and calls those, for stage 0 and for
-every stage above it (on `stage_views.stage_config`). tokjax/config_validation.py runs it with the
+every stage above it (on `stage_views.stage_config`). tokjax/config/validation.py runs it with the
 other sections' checks.
 """
 

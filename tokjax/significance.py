@@ -1,0 +1,165 @@
+"""How sure a number is: standard errors of evaluation results and of paired comparisons.
+
+`ratio_and_se` gives bits-per-byte pooled over bytes with its error (documents as the sampling
+unit); `paired_difference` compares two models on the same scoring units, with the window-paired
+error and the document-clustered one (a document's windows are correlated); `verdict` is the rule
+every table uses: a difference is found only beyond FOUND_BY x the larger of the clustered and the
+seed standard error. `tokjax.evaluator` produces the per-unit numbers these read.
+"""
+
+import math
+
+import numpy as np
+
+SE_LABEL = '+- s.e. (ratio estimator over documents)'
+
+
+def ratio_and_se(ce, nbytes) -> tuple[float, float]:
+  """Bits-per-byte pooled over bytes and its standard error (ratio estimator, documents as units).
+
+  Args:
+    ce: float[D], each document's summed cross-entropy in nats.
+    nbytes: float[D], each document's scored bytes; documents with none are left out.
+
+  Returns:
+    (bpb, se) with R = sum(ce) / sum(nbytes), bpb = R / ln 2 and
+    se = sqrt(D / (D - 1) * sum_d (ce_d - R * nbytes_d)^2) / sum(nbytes) / ln 2 (NaN for D < 2).
+  """
+  ce, nbytes = np.asarray(ce, np.float64), np.asarray(nbytes, np.float64)
+  keep = nbytes > 0
+  ce, nbytes = ce[keep], nbytes[keep]
+  d, total = len(ce), nbytes.sum()
+  if d == 0:
+    return float('nan'), float('nan')
+  r = ce.sum() / total
+  se = math.sqrt(d / (d - 1) * np.sum((ce - r * nbytes) ** 2)) / total if d > 1 else math.nan
+  return float(r / math.log(2)), float(se / math.log(2))
+
+
+def share_and_se(num, den) -> tuple[float, float]:
+  """sum(num) / sum(den) over documents and its ratio-estimator standard error (documents as
+  units; `ratio_and_se`, whose bits-per-byte scaling by 1 / ln 2 is undone here)."""
+  r, se = ratio_and_se(num, den)
+  return r * math.log(2), se * math.log(2)
+
+
+def paired_share_difference(num_a, den_a, num_b, den_b) -> tuple[float, float]:
+  """R_a - R_b of two shares over the same documents (R = sum(num) / sum(den)) and its standard
+  error: the ratio estimator's linearisation z_d = (num_a - R_a den_a) / sum(den_a) - (the same of
+  b), se = sqrt(D / (D - 1) sum_d z_d^2). Documents where either den is 0 still count (z_d from the
+  other side); NaN when a side has no denominator at all."""
+  num_a, den_a, num_b, den_b = (np.asarray(x, np.float64) for x in (num_a, den_a, num_b, den_b))
+  if den_a.sum() == 0 or den_b.sum() == 0:  # A side without ends has no share to compare.
+    return math.nan, math.nan
+  ra, rb = num_a.sum() / den_a.sum(), num_b.sum() / den_b.sum()
+  z = (num_a - ra * den_a) / den_a.sum() - (num_b - rb * den_b) / den_b.sum()
+  d = len(z)
+  return float(ra - rb), float(math.sqrt(d / (d - 1) * np.sum(z**2))) if d > 1 else math.nan
+
+
+def document_ids(docs) -> np.ndarray:
+  """int32[len(packed stream)]: the document each position of `pipeline.pack_documents(docs)` is in."""
+  return np.repeat(np.arange(len(docs), dtype=np.int32), [len(d) + 1 for d in docs])
+
+
+def unit_ids(docs, unit_bytes: int = 0) -> tuple[np.ndarray, int]:
+  """(int32[len(packed stream)], number of units): the scoring unit of each stream position.
+
+  With unit_bytes = 0 a unit is a document (`document_ids`). With unit_bytes = W > 0 each document's
+  positions 0..len (BOS first) are cut into consecutive windows of W, so a document of n bytes has
+  ceil((n + 1) / W) units; a unit never spans two documents, and a target byte belongs to the unit of
+  its own position, so the units' CE sums to the documents'.
+  """
+  if not unit_bytes:
+    return document_ids(docs), len(docs)
+  lengths, per_doc = _units_per_document(docs, unit_bytes)
+  first = np.concatenate([[0], np.cumsum(per_doc)[:-1]])
+  offset = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+  return (np.repeat(first, lengths) + offset // unit_bytes).astype(np.int32), int(per_doc.sum())
+
+
+def _units_per_document(docs, unit_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+  """(int64[D] stream positions of each document, BOS included; int64[D] its windows of
+  unit_bytes)."""
+  lengths = np.array([len(d) + 1 for d in docs], np.int64)
+  return lengths, -(-lengths // unit_bytes)
+
+
+def unit_documents(docs, unit_bytes: int = 0) -> np.ndarray:
+  """int32[U]: the document of each unit of `unit_ids(docs, unit_bytes)`, to sum units into
+  documents (a unit never spans two)."""
+  if not unit_bytes:
+    return np.arange(len(docs), dtype=np.int32)
+  _, per_doc = _units_per_document(docs, unit_bytes)
+  return np.repeat(np.arange(len(docs), dtype=np.int32), per_doc)
+
+
+def paired_difference(ce_a, ce_b, nbytes, documents=None) -> dict:
+  """Model a minus model b in bits-per-byte on the same units, with its paired standard errors.
+
+  Args:
+    ce_a, ce_b: float[U], each unit's summed cross-entropy in nats under a and under b.
+    nbytes: float[U], each unit's scored bytes (the same for both); units with none are left out.
+    documents: optional int[U], the document of each unit (`unit_documents`).
+
+  Returns:
+    {'diff': bpb(a) - bpb(b) (pooled over bytes), 'se': its standard error by the ratio estimator on
+    the per-unit differences ce_a - ce_b (`ratio_and_se`), 'a_better': the share of units on which
+    a has the lower cross-entropy, 'b_better': the same for b, 'units': U}; with documents also
+    'clustered_se', the same estimator on the differences summed per document, and 'documents'.
+    Because both models are scored on the same units, the variation between units that both share
+    cancels: se is usually far below either model's own bpb_se. The windows of one document share
+    its topic, style and length, so their differences are correlated and se, which treats them as
+    independent, is too small by about sqrt(1 + (m - 1) rho) for m windows of correlation rho:
+    clustered_se is the error to judge a difference by.
+  """
+  ce_a, ce_b = np.asarray(ce_a, np.float64), np.asarray(ce_b, np.float64)
+  nbytes = np.asarray(nbytes, np.float64)
+  if not ce_a.shape == ce_b.shape == nbytes.shape:
+    raise ValueError(f'unit counts differ: {ce_a.shape}, {ce_b.shape}, {nbytes.shape}')
+  keep = nbytes > 0
+  diff, se = ratio_and_se(ce_a[keep] - ce_b[keep], nbytes[keep])
+  units = int(keep.sum())
+  out = {
+      'diff': diff,
+      'se': se,
+      'a_better': float(np.mean(ce_a[keep] < ce_b[keep])) if units else math.nan,
+      'b_better': float(np.mean(ce_b[keep] < ce_a[keep])) if units else math.nan,
+      'units': units,
+  }
+  if documents is not None:
+    documents = np.asarray(documents, np.int64)
+    if documents.shape != nbytes.shape:
+      raise ValueError(f'{documents.shape} document ids for {nbytes.shape} units')
+    per_doc = lambda x: np.bincount(documents, weights=x)
+    doc_bytes = per_doc(nbytes)
+    out['clustered_se'] = ratio_and_se(per_doc(ce_a - ce_b), doc_bytes)[1]
+    out['documents'] = int(np.sum(doc_bytes > 0))
+  return out
+
+
+FOUND_BY = 2.0  # A difference is found when it exceeds this many of `judged_se`'s errors.
+
+
+def judged_se(clustered_se: float, seed_se: float | None) -> float:
+  """The error a paired difference is judged by: the larger of its document-clustered error
+  (`paired_difference`) and the standard error of its per-seed differences (None: one seed, which
+  has none, and the clustered error stands alone)."""
+  return clustered_se if seed_se is None else max(clustered_se, seed_se)
+
+
+def verdict(diff: float, clustered_se: float, seed_se: float | None) -> str:
+  """'found' when |diff| > FOUND_BY x `judged_se` with two seeds or more; 'one seed' when it
+  exceeds FOUND_BY clustered errors but a single seed leaves the seed error unknown; else 'not
+  found' (inside the errors, or an error is NaN)."""
+  if not abs(diff) > FOUND_BY * judged_se(clustered_se, seed_se):
+    return 'not found'
+  return 'one seed' if seed_se is None else 'found'
+
+
+def format_bpb(bpb: float, se: float, digits: int = 4) -> str:
+  """'1.2345 +- 0.0123 s.e. (ratio estimator over documents)'; without a standard error (fewer than
+  two documents) '1.2345 (one document: no s.e.)'."""
+  if math.isnan(se):
+    return f'{bpb:.{digits}f} (one document: no s.e.)'
+  return f'{bpb:.{digits}f} +- {se:.{digits}f} s.e. (ratio estimator over documents)'
