@@ -175,11 +175,8 @@ def _advantages():
   """The batch-relative advantage under a 4x2 batch split, against the global and per-shard means."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from tokjax import (  # pylint: disable=g-import-not-at-top
-      config_defaults,  # pylint: disable=g-import-not-at-top
-      estimator,
-      sharding,
-  )
+  from tokjax import estimator, sharding  # pylint: disable=g-import-not-at-top
+  from tokjax.config import defaults as config_defaults  # pylint: disable=g-import-not-at-top
 
   c = config_defaults.base_config()
   c.mesh.data, c.mesh.fsdp = 4, 2
