@@ -27,15 +27,15 @@ import jax
 from ml_collections import config_flags
 
 from tokjax import (
-  checkpointing,
-  cli,
-  distributed,
-  flops,
-  paths,
-  profiling,
-  sharding,
-  significance,
-  tokenization,
+    checkpointing,
+    cli,
+    distributed,
+    flops,
+    paths,
+    profiling,
+    sharding,
+    significance,
+    tokenization,
 )
 from tokjax import evaluator as evaluator_lib
 from tokjax import trainer as trainer_lib
