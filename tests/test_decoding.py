@@ -16,6 +16,7 @@ import pytest
 from tokjax import decoding, models
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
+from tokjax.models import hierarchical
 
 # Code, so that a greedy continuation depends on more than the last few bytes.
 TEXT = (
@@ -33,7 +34,7 @@ def fresh_model(config, spread: float = 1.0, seed: int = 1, scale: float = 1.0):
   params = nn.unbox(jit_call(model.init, jax.random.PRNGKey(seed), *args)['params'])
   params = jax.tree_util.tree_map(lambda x: x * scale, params)
   for name in params:
-    if name == 'boundary' or name.startswith('inner_boundaries_'):
+    if hierarchical.is_boundary_module(name):
       params[name]['proj']['kernel'] = params[name]['proj']['kernel'] * spread
   return model, params
 

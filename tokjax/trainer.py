@@ -32,6 +32,7 @@ import optax
 
 from tokjax import estimator, losses, models, sharding
 from tokjax.errors import UserError
+from tokjax.models import hierarchical
 
 
 @flax.struct.dataclass
@@ -77,9 +78,11 @@ def make_optimizer(config):
 
 
 def _boundary_mask(params):
-  """True on the parameters of every stage's boundary method (`boundary`, `inner_boundaries_*`)."""
-  is_boundary = lambda name: name == 'boundary' or name.startswith('inner_boundaries_')
-  return {k: jax.tree.map(lambda _, b=is_boundary(k): b, v) for k, v in params.items()}
+  """True on the parameters of every stage's boundary method."""
+  return {
+      k: jax.tree.map(lambda _, b=hierarchical.is_boundary_module(k): b, v)
+      for k, v in params.items()
+  }
 
 
 def validate(config) -> None:

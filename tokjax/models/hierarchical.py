@@ -57,6 +57,12 @@ class StageSettings:
   window: int = 0
 
 
+def is_boundary_module(name: str) -> bool:
+  """Whether the top-level parameters `name` belong to a stage's boundary method: `boundary` at
+  stage 0, `inner_boundaries_{s - 1}` at stage s >= 1 (the names setup gives them)."""
+  return name == 'boundary' or name.startswith('inner_boundaries_')
+
+
 class HierarchicalByteLM(nn.Module):
   """See the module docstring. The byte MLPs are `byte_mlp_ratio * d`, chunk MLPs `main_mlp_ratio * d`."""
 
