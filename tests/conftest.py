@@ -141,8 +141,9 @@ def tiny_two_stage_run(tmp_path_factory):
 
 
 def tiny_flags(workdir: str, **overrides) -> list[str]:
-  """`tiny_config` as command-line flags of `python -m tokjax.train` (subprocess tests); configs/default.py
-  is `config_defaults.base_config()`, so the same overrides give the same config. overrides:
+  """`tiny_config` as command-line flags of `python -m tokjax.train` (subprocess tests);
+  configs/compare.py:policy is `config_defaults.base_config()`, so the same overrides give the same
+  config. overrides:
   {'train__steps': 12} sets --config.train.steps=12."""
   values = {
       'data.corpus': 'stdlib',
@@ -162,4 +163,4 @@ def tiny_flags(workdir: str, **overrides) -> list[str]:
       'train.workdir': workdir,
   }
   values.update({k.replace('__', '.'): v for k, v in overrides.items()})
-  return ['--config=configs/default.py'] + [f'--config.{k}={v}' for k, v in values.items()]
+  return ['--config=configs/compare.py:policy'] + [f'--config.{k}={v}' for k, v in values.items()]

@@ -116,7 +116,7 @@ def test_every_run_trains_on_the_two_stage_configs_sequences_unless_told():
         two_stage.data.seq_len,
         two_stage.data.batch_size,
     )
-  one_stage, default = configs[multistage.BASE], config_files.load('default')
+  one_stage, default = configs[multistage.BASE], config_files.load('compare', 'policy')
   assert one_stage.model.capacity == default.model.capacity * (
       two_stage.data.seq_len // default.data.seq_len
   )

@@ -1,7 +1,7 @@
 r"""The estimator lab: bias and variance of boundary-gradient estimators on one fixed model and batch.
 
   python -m tokjax.lab.estimators [--samples 4000] [--out results/estimators]      # tiny model
-  python -m tokjax.lab.estimators --config configs/default.py --samples 256        # fresh model
+  python -m tokjax.lab.estimators --config configs/compare.py:policy --samples 256        # fresh model
   python -m tokjax.lab.estimators --checkpoint runs/default --samples 256          # trained model
 
 ONE ESTIMATE is the gradient, with respect to the boundary policy's own parameters, of the policy loss

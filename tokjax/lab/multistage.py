@@ -3,7 +3,8 @@ r"""One stage against two stages of boundaries at equal training FLOPs, with sta
   python -m tokjax.lab.multistage --corpus shakespeare --steps 3000 --batch 4 --seq_len 1024 \
       --evals 6 --runs one_stage,learned,hnet --out results/multistage/shakespeare
 
-Runs (`RUNS`): 'one_stage' (configs/default.py: bytes -> chunks, the score-function policy) and the
+Runs (`RUNS`): 'one_stage' (configs/compare.py:policy: bytes -> chunks, the score-function policy at
+the library defaults) and the
 two-stage variants of configs/two_stage.py: 'learned' (policy / policy), 'hnet' (H-Net's router at
 both levels) and 'stride' (fixed stride at both levels). The one-stage run trains --steps steps; every
 other run trains the steps that give it the same training FLOPs, costed by `tokjax.flops.step_flops`
@@ -41,7 +42,7 @@ from tokjax.models import stage_views
 
 # run -> (configs/FILE.py, its variant or None, boundary methods per stage as shown in the tables).
 RUNS = {
-    'one_stage': ('default', None, 'policy'),
+    'one_stage': ('compare', 'policy', 'policy'),
     'learned': ('two_stage', 'learned', 'policy / policy'),
     'hnet': ('two_stage', 'hnet', 'hnet / hnet'),
     'stride': ('two_stage', 'stride', 'stride / stride'),

@@ -12,7 +12,7 @@ ever precedes a document's first byte and a window that starts inside a document
 at position 0. So a row at the text's start (start = 0) reads BOS, text[0:end-1]; a row cut from
 the left (start > 0: a context longer than the window, a rolling window after the first) reads
 text[start-1:end-1], the cut text from position 0 with no BOS (the byte before start where BOS was).
-Measured: on `python -m tokjax.train --config configs/default.py --config.train.workdir=RUN`
+Measured: on `python -m tokjax.train --config configs/compare.py:policy --config.train.workdir=RUN`
 (600 steps, val bpb 2.377), `python -m tokjax.lab.bos --checkpoint RUN --split test` scores the same
 bytes of 475 windows cut inside the 20 test documents after BOS and as a training window reads
 them: BOS before the cut text costs +0.017 bpb with greedy boundaries (2.642 against 2.624;
