@@ -1,6 +1,5 @@
 r"""Two levels of learned boundaries at CPU size: bytes -> chunks -> chunks of chunks.
 
-  python -m tokjax.data.prepare shakespeare                          # once: the corpus
   python -m tokjax.train --config configs/two_stage.py               # :hnet, :whitespace, :stride
 
 configs/default.py's model with a second stage: stage 0 at target rate 0.2 over bytes, stage 1 at

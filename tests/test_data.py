@@ -86,8 +86,8 @@ def test_bad_corpus_specs_raise_user_error(tmp_path):
   for spec, message in cases.items():
     with pytest.raises(UserError, match=message):
       corpora.load_documents(spec)
-  with pytest.raises(UserError, match="tokjax.data.prepare shakespeare"):
-    corpora.load_documents("shakespeare", data_dir=str(tmp_path))
+  with pytest.raises(UserError, match="tokjax.data.prepare bible"):
+    corpora.load_documents("bible", data_dir=str(tmp_path))
   with pytest.raises(UserError, match="max_bytes must be positive"):
     corpora.load_documents("stdlib", max_bytes=0)
 
@@ -136,6 +136,19 @@ def test_hf_streaming_without_datasets_says_how_to_install():
     pass
   with pytest.raises(UserError, match=r"pip install -e \.\[hf\]"):
     corpora.load_documents("hf:fineweb")
+
+
+def test_shakespeare_ships_with_tokjax_and_a_prepared_copy_comes_first(tmp_path):
+  import hashlib  # pylint: disable=g-import-not-at-top
+
+  # No prepared copy in tmp_path: the shipped one, byte for byte the corpus prepare writes.
+  shipped = corpora.embedded_bytes("shakespeare")
+  assert hashlib.sha256(shipped).hexdigest() == corpora.EMBEDDED["shakespeare"][1]
+  docs = corpora.load_documents("shakespeare", data_dir=str(tmp_path))
+  assert b"".join(docs).replace(b"\n", b"") == shipped.replace(b"\n", b"")
+  assert docs[0].startswith(b"ALL'S WELL THAT ENDS WELL")
+  (tmp_path / "shakespeare.txt").write_bytes(b"a prepared copy\n")
+  assert corpora.load_documents("shakespeare", data_dir=str(tmp_path)) == [b"a prepared copy\n"]
 
 
 # ---------------------------------------------------------------- prepare

@@ -2,7 +2,8 @@
 
 Modules:
   corpora: `load_documents(spec)` turns a corpus spec into a list of documents.
-  prepare: `python -m tokjax.data.prepare {shakespeare,bible}` downloads corpora;
+  prepare: `python -m tokjax.data.prepare {shakespeare,bible}` downloads corpora (shakespeare also
+    ships with tokjax: shakespeare.txt.xz);
     `... prepare SPEC --out DIR` writes any corpus as ArrayRecord shards.
   shards: the prepared-folder format: writing, checking, random-access reading.
   pipeline: splits, packing, train iterator, eval batches, `build_data(config)`

@@ -3,7 +3,9 @@
 A spec is one of:
   "stdlib"                 this Python's standard library .py files (no download)
   "stdlib_docs"            English from the standard library: its long docstrings and pydoc topics
-  "shakespeare", "bible"   prepared with `python -m tokjax.data.prepare NAME`
+  "shakespeare"            Shakespeare's plays and poems (5.06 MB), shipped with tokjax
+                           (shakespeare.txt.xz here: the bytes `prepare shakespeare` writes)
+  "bible"                  prepared with `python -m tokjax.data.prepare bible`
   "hf:fineweb", "hf:codeparrot"   Hugging Face streaming (`pip install -e .[hf]`)
   "hf:PATH.parquet", "hf:PATH.jsonl[#FIELD]"   local table, field "text" by default
   anything else            a local file, a folder (recursively) or a glob pattern
@@ -18,6 +20,7 @@ import ast
 from collections.abc import Iterable, Iterator
 import glob
 import json
+import lzma
 import os
 from pathlib import Path
 import sysconfig
@@ -27,6 +30,14 @@ from tokjax.errors import UserError
 # The downloaded corpora (`python -m tokjax.data.prepare NAME` writes them) and where they are cached:
 # the data folder is this module's policy, read by prepare and shards too.
 CORPUS_FILES = {"shakespeare": "shakespeare.txt", "bible": "bible.txt"}
+# The downloaded corpora that also ship with tokjax, xz-compressed beside this module, and the sha256
+# of their bytes: a prepared copy in the cache is read first, this one where there is none.
+EMBEDDED = {
+    "shakespeare": (
+        "shakespeare.txt.xz",
+        "da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387",
+    )
+}
 
 
 def default_data_dir() -> Path:
@@ -175,6 +186,8 @@ def _raw_documents(spec: str, data_dir: str | None) -> Iterator[bytes]:
     return stdlib_docstrings()
   if spec in CORPUS_FILES:
     path = corpus_path(spec, data_dir)
+    if not path.is_file() and spec in EMBEDDED:
+      return iter([embedded_bytes(spec)])
     if not path.is_file():
       raise UserError(
           f"corpus {spec!r} is not prepared ({path} is missing); run "
@@ -184,6 +197,11 @@ def _raw_documents(spec: str, data_dir: str | None) -> Iterator[bytes]:
   if spec.startswith("hf:"):
     return _hf_documents(spec)
   return _local_documents(spec)
+
+
+def embedded_bytes(name: str) -> bytes:
+  """The corpus `name` as shipped with tokjax (a key of EMBEDDED), decompressed."""
+  return lzma.decompress((Path(__file__).parent / EMBEDDED[name][0]).read_bytes())
 
 
 def _local_documents(spec: str) -> Iterator[bytes]:
