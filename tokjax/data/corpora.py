@@ -186,14 +186,14 @@ def _raw_documents(spec: str, data_dir: str | None) -> Iterator[bytes]:
     return stdlib_docstrings()
   if spec in CORPUS_FILES:
     path = corpus_path(spec, data_dir)
-    if not path.is_file() and spec in EMBEDDED:
+    if path.is_file():
+      return iter([path.read_bytes()])
+    if spec in EMBEDDED:
       return iter([embedded_bytes(spec)])
-    if not path.is_file():
-      raise UserError(
-          f"corpus {spec!r} is not prepared ({path} is missing); run "
-          f"`python -m tokjax.data.prepare {spec}` first"
-      )
-    return iter([path.read_bytes()])
+    raise UserError(
+        f"corpus {spec!r} is not prepared ({path} is missing); run "
+        f"`python -m tokjax.data.prepare {spec}` first"
+    )
   if spec.startswith("hf:"):
     return _hf_documents(spec)
   return _local_documents(spec)
