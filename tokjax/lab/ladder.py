@@ -163,7 +163,11 @@ def work(run_dir: str) -> dict:
           f'{run.name} stopped, checkpoint saved; continue with the ladder command and --resume',
           e.exit_code - 128,
       ) from None
-    result = {'train_wall_s': time.time() - t0, 'train_devices': _device_count()}
+    result = {
+        'train_wall_s': time.time() - t0,
+        'train_devices': _device_count(),
+        'commit': source_commit(),
+    }
     result.update(_training_summary(config, run_dir))
   if 'curve' not in result and os.path.exists(os.path.join(run_dir, 'metrics.jsonl')):
     result['curve'] = val_curve(os.path.join(run_dir, 'metrics.jsonl'))
@@ -196,6 +200,25 @@ def _splits(config, corpus):
   data = config.data.copy_and_resolve_references()
   data.corpus = corpus
   return pipeline.load_splits(data, corpus)
+
+
+def source_commit() -> str | None:
+  """The git commit of the tokjax source that runs (with '+dirty' when it has uncommitted changes),
+  or None outside a git checkout: what a result.json records as the code that trained it."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  try:
+    head = subprocess.run(
+        ['git', '-C', root, 'rev-parse', 'HEAD'], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ['git', '-C', root, 'status', '--porcelain', '--untracked-files=no', '--', 'tokjax'],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return None
+  return head + ('+dirty' if dirty else '')
 
 
 def _device_count() -> int:
