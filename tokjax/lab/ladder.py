@@ -4,9 +4,12 @@ r"""A budget ladder: every boundary method trained at growing byte budgets, scor
       --methods policy,hnet,bpe,uniform,whitespace,stride,flat --seeds 0,1,2 --jobs 2 \
       --out results/ladder/shakespeare
 
-A run is (method, budget, seed, seq_len, lr): configs/compare.py:METHOD (the default CPU model; 'flat'
-gets the layer count that matches the hierarchical parameter count) trained for
-steps = budget / (batch * seq_len), with warmup and cosine decay over its own steps. Each run lives in
+A run is (method, budget, seed, seq_len, lr, batch): configs/compare.py:METHOD (the default CPU
+model; 'flat' gets the layer count that matches the hierarchical parameter count) at --seq_lens and
+--batch_size (default the config's, 256 and 16; the chunk buffer grows with the length) trained for
+steps = budget / (batch * seq_len), with warmup and cosine decay over its own steps. --set and
+--override change any other field; the batch, the length and the steps only through the flags, so
+that a run's name and budget say what it trained. Each run lives in
 OUT/runs/NAME: spec.json (what it is), train.log, metrics.jsonl, orbax checkpoints and, once trained
 and scored, result.json (its spec embedded). Every run is scored on the whole val and test splits
 with boundaries sampled with the same key for every method, per unit (fixed windows of --unit_bytes
@@ -72,12 +75,27 @@ class Run:
   overrides: tuple = ()  # ('boundary.hnet.ratio_weight=0.3', ...): config fields set for this run.
   corpus: str = 'shakespeare'
   tiny: bool = False  # configs/compare.py's smoke-test size (tests).
+  # Sequences per step; None: configs/compare.py's (16; 4 at its tiny size), what every run had
+  # before the field (their spec.json lacks it and their names have no '-B').
+  batch_size: int | None = None
 
   @property
   def name(self) -> str:
     extra = '-o' + _short_hash(self.overrides) if self.overrides else ''
+    batch = f'-B{self.batch_size}' if self.batch_size is not None else ''
     tiny = '-tiny' if self.tiny else ''
-    return f'{self.method}-b{self.budget:g}-s{self.seed}-L{self.seq_len}-lr{self.lr:g}{extra}{tiny}'
+    return (
+        f'{self.method}-b{self.budget:g}-s{self.seed}-L{self.seq_len}-lr{self.lr:g}'
+        f'{batch}{extra}{tiny}'
+    )
+
+
+def run_batch(batch_size: int | None, corpus: str, tiny: bool) -> int | None:
+  """A Run's batch_size for a command's --batch_size: None for the config's own batch (None or
+  equal to it), so that a run at the default batch keeps its name whether or not the flag names it.
+  """
+  default = common.compare_config('policy', corpus, tiny=tiny).data.batch_size
+  return None if batch_size in (None, default) else int(batch_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,12 +111,31 @@ def _short_hash(items) -> str:
   return hashlib.blake2b(repr(tuple(items)).encode(), digest_size=3).hexdigest()
 
 
+# Fields a run sets from its identity (steps = budget / (batch x seq_len)), which an override would
+# change under the run's name: the flag that sets each.
+OWN_FIELDS = {
+    'data.batch_size': '--batch_size',
+    'data.seq_len': '--seq_lens (ladder) or --seq_len (ablation)',
+    'train.steps': '--budgets (ladder) or --budget (ablation): steps = budget / (batch x seq_len)',
+}
+
+
 def build_config(run: Run):
-  """The run's config: configs/compare.py:METHOD with its corpus, seed, seq_len, lr and budget."""
+  """The run's config: configs/compare.py:METHOD with its corpus, seed, seq_len, batch, lr and
+  budget, then its overrides (UserError for one of OWN_FIELDS)."""
+  for item in run.overrides:
+    field = item.split('=', 1)[0]
+    if field in OWN_FIELDS:
+      raise UserError(
+          f'override {item}: {field} is part of the run (its name and its steps); set it with '
+          f'{OWN_FIELDS[field]}.'
+      )
 
   def variant(method):
     c = common.compare_config(method, run.corpus, tiny=run.tiny, seed=run.seed)
     c.data.seq_len = run.seq_len
+    if run.batch_size is not None:
+      c.data.batch_size = run.batch_size
     # Room for twice the target rate's chunks, as the default config has at L = 256.
     c.model.capacity = max(c.model.capacity, int(math.ceil(run.seq_len * 0.5)))
     c.optim.lr = run.lr
@@ -107,8 +144,8 @@ def build_config(run: Run):
   c = variant(run.method)
   if run.method == 'flat':
     c.model.num_layers = common.match_flat_layers(c, common.param_count(variant('policy')))
-  steps = steps_of(run, c.data.batch_size)
-  common.schedule(c, steps, evals=4)
+  # From the config's own batch and length: the overrides below cannot change them (OWN_FIELDS).
+  common.schedule(c, common.steps_for(run.budget, c.data.batch_size, c.data.seq_len), evals=4)
   for item in run.overrides:
     field, value = item.split('=', 1)
     _set_field(c, field, value)
@@ -298,10 +335,14 @@ def _training_summary(config, run_dir) -> dict:
 # -- the scheduler ---------------------------------------------------------------------------------
 
 
-def plan(corpus, budgets, methods, seeds, seq_lens, lrs, overrides, tiny=False) -> list[Run]:
-  """Every run of the grid, cheapest first. lrs: {method: [lr, ...]}; overrides: {method: (...)}."""
+def plan(
+    corpus, budgets, methods, seeds, seq_lens, lrs, overrides, tiny=False, batch_size=None
+) -> list[Run]:
+  """Every run of the grid, cheapest first. lrs: {method: [lr, ...]}; overrides: {method: (...)};
+  batch_size: sequences per step (None: the config's)."""
+  batch = run_batch(batch_size, corpus, tiny)
   runs = [
-      Run(m, float(b), int(s), int(L), float(lr), tuple(overrides.get(m, ())), corpus, tiny)
+      Run(m, float(b), int(s), int(L), float(lr), tuple(overrides.get(m, ())), corpus, tiny, batch)
       for b in budgets
       for L in seq_lens
       for s in seeds
@@ -329,6 +370,7 @@ def _progress(out_dir, run: Run, started: float, batch_size: int) -> str:
   path = os.path.join(out_dir, 'runs', run.name, 'metrics.jsonl')
   rows = read_metrics(path) if os.path.exists(path) else []
   train = [r for r in rows if r['split'] == 'train']
+  batch_size = run.batch_size or batch_size
   total = steps_of(run, batch_size)
   if not train:
     return (
@@ -354,7 +396,8 @@ def execute(
     cores_per_job: int = 1,
 ) -> int:
   """Runs every run not done yet, `jobs` at a time, each pinned to `cores_per_job` cores (as many
-  host devices, one XLA thread each). -> failures."""
+  host devices, one XLA thread each); batch_size: that of the runs that name none (progress lines).
+  -> failures."""
   todo = []
   for run in runs:
     st = status(out_dir, run, scoring)
@@ -579,8 +622,10 @@ def main(argv):
     raise UserError(f'--jobs={f.jobs} must be at least 1.')
   if f.cores_per_job < 1:
     raise UserError(f'--cores_per_job={f.cores_per_job} must be at least 1.')
+  if f.batch_size is not None and f.batch_size < 1:
+    raise UserError(f'--batch_size={f.batch_size} must be at least 1 (sequences per step).')
   base = common.compare_config('policy', f.corpus, tiny=f.tiny)
-  batch_size = base.data.batch_size
+  batch_size = f.batch_size or base.data.batch_size
   lrs = {m: lrs_grid or [base.optim.lr] for m in f.methods}
   if f.lr_table:
     lrs.update({m: [lr] for m, lr in read_lr_table(f.lr_table).items() if m in f.methods})
@@ -590,9 +635,14 @@ def main(argv):
     for item in items:
       if '=' not in item:
         raise UserError(f'override {item!r} of {m} must be FIELD=VALUE, e.g. train.log_every=10.')
-  seq_lens = [int(x) for x in f.seq_lens] or [base.data.seq_len]
+  try:
+    seq_lens = [int(x) for x in f.seq_lens] or [base.data.seq_len]
+  except ValueError:
+    raise UserError(
+        f'--seq_lens takes integers, e.g. 256,2048 (got {",".join(f.seq_lens)}).'
+    ) from None
   seeds = [int(s) for s in f.seeds]
-  runs = plan(f.corpus, budgets, f.methods, seeds, seq_lens, lrs, overrides, f.tiny)
+  runs = plan(f.corpus, budgets, f.methods, seeds, seq_lens, lrs, overrides, f.tiny, f.batch_size)
   scoring = Scoring(f.unit_bytes, tuple(f.cross))
   for run in {dataclasses.replace(r, seed=0, budget=1e6) for r in runs}:
     c = build_config(run)  # Bad overrides stop here with one line, before any run starts.
@@ -621,6 +671,8 @@ def main(argv):
       'reference': f.reference,
       'unit_bytes': f.unit_bytes,
       'target_rate': float(base.boundary.target_rate),
+      'seq_lens': seq_lens,  # Each row's own is its 'seq_len'.
+      'batch_size': int(batch_size),  # Of every run (--batch_size, else the config's).
       'runs': len(runs),
       'finished': len(results),
   }
@@ -641,6 +693,9 @@ def define_flags():
   )
   flags.DEFINE_list('seeds', ['0'], 'Seeds of every (method, budget).')
   flags.DEFINE_list('seq_lens', [], "Sequence lengths in bytes (default: the config's, 256).")
+  flags.DEFINE_integer(
+      'batch_size', None, "Sequences per step of every run (default: the config's, 16)."
+  )
   flags.DEFINE_list('lrs', [], 'Learning rates (a sweep grid); default: the config lr.')
   flags.DEFINE_string('lr_table', None, "A sweep's lr.json: per-method learning rates.")
   flags.DEFINE_multi_string(
