@@ -7,11 +7,11 @@ Expected result (paper, ablation table, FineWeb validation): rate 0.200, 1.562 b
 the CPU-scale counterpart is `python -m tokjax.train --config configs/default.py --config.estimator.reward=plain`.
 """
 
-from tokjax.config.presets import paper_config
+from tokjax.config import files as config_files
 
 
 def get_config():
-  c = paper_config('40m')
+  c = config_files.load('paper_40m_fineweb')  # Its corpus too: bpb comparable with that run's.
   c.estimator.reward = 'plain'
   c.train.workdir = 'runs/ablation_no_early_exit'
   return c

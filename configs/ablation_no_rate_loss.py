@@ -10,11 +10,11 @@ the CPU-scale counterpart is `python -m tokjax.train --config configs/default.py
 --config.model.capacity=256` (capacity = seq_len).
 """
 
-from tokjax.config.presets import paper_config
+from tokjax.config import files as config_files
 
 
 def get_config():
-  c = paper_config('40m')
+  c = config_files.load('paper_40m_fineweb')  # Its corpus too: bpb comparable with that run's.
   c.estimator.rate_loss = False
   c.model.capacity = c.data.seq_len  # Nothing holds the rate down: leave room for a chunk per byte.
   c.train.workdir = 'runs/ablation_no_rate_loss'

@@ -3,6 +3,7 @@
 import glob
 import importlib.util
 import os
+import re
 
 import pytest
 
@@ -94,17 +95,34 @@ ABLATIONS = {
     'ablation_gamma1.py': {'estimator.gamma': 1.0},
     'ablation_no_batch_relative.py': {'estimator.baseline': 'none'},
     'ablation_no_early_exit.py': {'estimator.reward': 'plain'},
-    'ablation_w1.py': {'boundary.policy.window': 1},
+    # The full method's scaled logit kept: the window alone changes.
+    'ablation_w1.py': {'boundary.policy.window': 1, 'boundary.policy.form': 'scaled'},
     'ablation_no_rate_loss.py': {'estimator.rate_loss': False, 'model.capacity': 4096},
 }
 
 
+def _named_fields(doc: str, fields) -> set:
+  """The config fields a docstring sets: 'a.b = v' or '--config.a.b=v'."""
+  names = re.findall(r'\b((?:config\.)?[a-z_]+(?:\.[a-z_0-9]+)+)\s*=', doc)
+  return {n.removeprefix('config.') for n in names} & set(fields)
+
+
+def test_every_ablation_config_is_listed():
+  found = {os.path.basename(p) for p in CONFIGS if os.path.basename(p).startswith('ablation_')}
+  assert found == set(ABLATIONS)
+
+
 @pytest.mark.parametrize('name,changes', sorted(ABLATIONS.items()))
-def test_each_ablation_is_the_40m_config_with_one_switch_flipped(name, changes):
-  base = _flat(presets.paper_config('40m').to_dict())
-  ablation = _flat(_load(os.path.join(REPO, 'configs', name)).get_config().to_dict())
+def test_each_ablation_differs_from_the_config_it_ablates_in_the_fields_it_names(name, changes):
+  """Against configs/paper_40m_fineweb.py itself, corpus included (the preset reads another copy of
+  FineWeb), in exactly the fields the docstring names."""
+  base = _flat(_load(os.path.join(REPO, 'configs', 'paper_40m_fineweb.py')).get_config().to_dict())
+  module = _load(os.path.join(REPO, 'configs', name))
+  ablation = _flat(module.get_config().to_dict())
+  assert set(ablation) == set(base)
   diff = {k: ablation[k] for k in base if base[k] != ablation[k] and k != 'train.workdir'}
   assert diff == changes
+  assert _named_fields(module.__doc__, base) == set(changes)
 
 
 def test_paper_configs_spend_their_byte_budgets():

@@ -1,5 +1,9 @@
 """Tests of tokjax.data: corpora, preparation, packing, pipelines, compression."""
 
+import hashlib
+import logging
+import sys
+
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
@@ -127,28 +131,37 @@ def test_hf_local_jsonl_and_parquet(tmp_path):
     corpora.load_documents(f"hf:{parquet}#nope")
 
 
-def test_hf_streaming_without_datasets_says_how_to_install():
-  try:
-    import datasets  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
-
-    pytest.skip("datasets is installed; this checks the message shown without it")
-  except ImportError:
-    pass
-  with pytest.raises(UserError, match=r"pip install -e \.\[hf\]"):
+def test_hf_streaming_without_datasets_says_how_to_install(monkeypatch):
+  # None in sys.modules makes `import datasets` raise ImportError, as on a machine without it.
+  monkeypatch.setitem(sys.modules, "datasets", None)
+  with pytest.raises(
+      UserError, match=r"need the `datasets` package; run `pip install -e \.\[hf\]`"
+  ):
     corpora.load_documents("hf:fineweb")
 
 
-def test_shakespeare_ships_with_tokjax_and_a_prepared_copy_comes_first(tmp_path):
-  import hashlib  # pylint: disable=g-import-not-at-top
-
+def test_shakespeare_ships_with_tokjax_and_only_a_matching_prepared_copy_is_read(tmp_path, caplog):
   # No prepared copy in tmp_path: the shipped one, byte for byte the corpus prepare writes.
   shipped = corpora.embedded_bytes("shakespeare")
   assert hashlib.sha256(shipped).hexdigest() == corpora.EMBEDDED["shakespeare"][1]
   docs = corpora.load_documents("shakespeare", data_dir=str(tmp_path))
   assert b"".join(docs).replace(b"\n", b"") == shipped.replace(b"\n", b"")
   assert docs[0].startswith(b"ALL'S WELL THAT ENDS WELL")
-  (tmp_path / "shakespeare.txt").write_bytes(b"a prepared copy\n")
-  assert corpora.load_documents("shakespeare", data_dir=str(tmp_path)) == [b"a prepared copy\n"]
+  # A prepared copy with the shipped bytes is read, without a word.
+  copy = tmp_path / "shakespeare.txt"
+  copy.write_bytes(shipped)
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    assert corpora.load_documents("shakespeare", data_dir=str(tmp_path)) == docs
+  assert not caplog.messages
+  # A stale or edited copy is not: the shipped corpus is read, and one line says so and how to
+  # train on the copy instead.
+  copy.write_bytes(b"a stale prepared copy\n")
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    assert corpora.load_documents("shakespeare", data_dir=str(tmp_path)) == docs
+  (line,) = caplog.messages
+  assert "differs from the copy shipped with tokjax" in line and "\n" not in line
+  assert f"--config.data.corpus={copy}" in line
+  assert corpora.load_documents(str(copy)) == [b"a stale prepared copy\n"]  # Named, it is read.
 
 
 # ---------------------------------------------------------------- prepare

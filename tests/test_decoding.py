@@ -153,67 +153,64 @@ def test_two_stage_generation_gives_the_training_forward_logits(
     np.testing.assert_array_equal(gen['tokens'][:, p:], out.logits[:, p - 1 : -2, :256].argmax(-1))
 
 
-def slid_by_hand(model, params, prompt: bytes, window: int, max_bytes: int) -> list[bytes]:
-  """The bytes of every step of greedy `decoding.slide` on one prompt as its docstring describes it,
-  each step one plain greedy `generate`: the first step's cut is
-  window - 1 - min(max_bytes, window - 1 - window // 2), every later one window // 2; a step reads
-  BOS and the whole text when it fits in the cut, else the last cut + 1 bytes with no BOS; a step
-  fills the window."""
-  first = window - 1 - min(max_bytes, window - 1 - window // 2)
-  text, steps, made = prompt, [], 0
-  while made < max_bytes:
-    cut = first if not steps else window // 2
-    buf = [BOS_ID, *text] if len(text) <= cut else list(text[-cut - 1 :])
-    out = decoding.generate(
-        model,
-        params,
-        jnp.asarray([buf], jnp.int32),
-        jax.random.PRNGKey(0),
-        window - len(buf),
-        'greedy',
-        0.0,
-    )
-    new = bytes(np.asarray(out['tokens'])[0, len(buf) :][: max_bytes - made].tolist())
-    steps.append(new)
-    text, made = text + new, made + len(new)
-  return steps
+# Every step of greedy `decoding.slide` with window 64 and 80 new bytes, on a prompt of each length,
+# worked out by hand from its docstring: (start, end, BOS first, new bytes) of the step's buffer, as
+# offsets into the text so far (prompt + the bytes made). The first step's cut is
+# 63 - min(80, 63 - 32) = 32 and every later one 32: a text of at most 32 bytes is read whole after
+# BOS, a longer one's last 33 bytes with no BOS; a step fills the window (or ends at 80 bytes).
+SLID = {
+    20: [(0, 20, True, 43), (30, 63, False, 31), (61, 94, False, 6)],
+    28: [(0, 28, True, 35), (30, 63, False, 31), (61, 94, False, 14)],
+    32: [(0, 32, True, 31), (30, 63, False, 31), (61, 94, False, 18)],
+    33: [(0, 33, False, 31), (31, 64, False, 31), (62, 95, False, 18)],
+    63: [(30, 63, False, 31), (61, 94, False, 31), (92, 125, False, 18)],
+    64: [(31, 64, False, 31), (62, 95, False, 31), (93, 126, False, 18)],
+    100: [(67, 100, False, 31), (98, 131, False, 31), (129, 162, False, 18)],
+}
+
+
+def greedy_after(model, params, buf: list[int], window: int) -> bytes:
+  """The bytes plain greedy `generate` makes after the tokens buf, filling the window."""
+  out = decoding.generate(
+      model,
+      params,
+      jnp.asarray([buf], jnp.int32),
+      jax.random.PRNGKey(0),
+      window - len(buf),
+      'greedy',
+      0.0,
+  )
+  return bytes(np.asarray(out['tokens'])[0, len(buf) :].tolist())
 
 
 def test_sliding_generation_keeps_the_prompt_its_docstring_says(one_stage):
   model, params = one_stage
-  window = 64  # With 80 new bytes: three steps, the first keeping up to 32 bytes of the prompt.
   # Between half of the first step's 32 and 32 bytes (the old code kept 12 and 4 of them), at the
   # edge, longer, one short of the window, the window and longer.
-  lengths = (20, 28, 32, 33, 63, 64, 100)
-  prompts = [TEXT[:n] for n in lengths]
+  prompts = [TEXT[:n] for n in SLID]
   steps = list(
       decoding.slide(
           model,
           params,
           prompts,
           jax.random.PRNGKey(7),
-          window=window,
+          window=64,
           max_bytes=80,
           mode='greedy',
           temperature=0.0,
       )
   )
-  slid = [[news[i][0] for news in steps if news[i][0]] for i in range(len(prompts))]
-  wrong = [len(p) for p, s in zip(prompts, slid) if s != slid_by_hand(model, params, p, window, 80)]
-  assert not wrong, f'prompts of these lengths slid otherwise: {wrong}'
-  # A prompt that fits, up to the edge: the first step's bytes are greedy `generate`'s on the whole
-  # prompt.
-  for i, n in enumerate(lengths[:3]):
-    whole = decoding.generate(
-        model,
-        params,
-        decoding.encode_prompt(prompts[i]),
-        jax.random.PRNGKey(0),
-        63 - n,
-        'greedy',
-        0.0,
-    )
-    assert slid[i][0] == bytes(np.asarray(whole['tokens'])[0, 1 + n :].tolist()), f'{n} bytes'
+  wrong = []
+  for i, (n, table) in enumerate(SLID.items()):
+    slid = [news[i][0] for news in steps if news[i][0]]
+    text = prompts[i] + b''.join(slid)
+    assert [len(s) for s in slid] == [count for *_, count in table], f'{n} bytes'
+    for k, (start, end, bos, count) in enumerate(table):
+      assert end == n + sum(c for *_, c in table[:k])  # The table reads the text made so far.
+      buf = [BOS_ID] * bos + list(text[start:end])
+      if slid[k] != greedy_after(model, params, buf, 64)[:count]:
+        wrong.append((n, k))
+  assert not wrong, f'(prompt length, step) that slid otherwise: {wrong}'
 
 
 def test_sliding_generation_refuses_a_window_with_no_room(one_stage):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tokjax import estimator, losses
+from tokjax.config import defaults as config_defaults
 from tokjax.lab import estimators as lab
 from tokjax.models import boundaries as bd
 from tokjax.models import hierarchical
@@ -87,8 +88,10 @@ def _per_row_ce(model, params, tokens, targets, key, mode, actions=None):
 
 @pytest.mark.parametrize('window', [1, 3])
 def test_score_function_gradient_is_unbiased_against_exact_enumeration(window):
-  """gamma = 1, plain rewards: the Monte Carlo mean of the policy-loss gradient equals the exact
-  gradient of E_a[sum_t CE(t)] / L computed over all 2^6 boundary vectors of n = 8 positions.
+  """gamma = 1, plain rewards: the Monte Carlo mean of the gradient of `score_function_terms`'s loss
+  (the function training calls, at training's default lambda_rl) equals lambda_rl times the exact
+  gradient of E_a[sum_t CE(t)] / L computed over all 2^6 boundary vectors of n = 8 positions. The
+  rate loss is off here: its gradient is no expectation over draws (the next test checks it).
 
   The rewards are centred by a per-position constant (fixed before sampling, so still unbiased): with
   raw CE of ~5.5 nats per byte the noise would bury the signal at any affordable sample size.
@@ -99,6 +102,9 @@ def test_score_function_gradient_is_unbiased_against_exact_enumeration(window):
   """
   n_samples = 30000
   model, params, tokens1, targets1, tile = _setup(window, n_samples)
+  cfg = config_defaults.base_config().estimator
+  cfg.update(reward='plain', baseline='none', gamma=1.0, rate_loss=False)
+  assert cfg.lambda_rl == 0.01  # Training's scale, not 1.
   l = tokens1.shape[1]
 
   # Exact: every free pattern (positions 1..6), forced ends.
@@ -118,7 +124,7 @@ def test_score_function_gradient_is_unbiased_against_exact_enumeration(window):
     log_pi = jnp.sum(jnp.where(bnd.free, bnd.log_probs, 0.0), axis=-1)
     return jnp.sum(jnp.exp(log_pi) * f) / l
 
-  exact = jax.grad(expected_loss)(params)['boundary']
+  exact = jax.tree.map(lambda g: cfg.lambda_rl * g, jax.grad(expected_loss)(params)['boundary'])
 
   tokens, targets = tile(tokens1, n_samples), tile(targets1, n_samples)
   key = jax.random.PRNGKey(42)
@@ -127,14 +133,13 @@ def test_score_function_gradient_is_unbiased_against_exact_enumeration(window):
 
   centre = jnp.mean(ce_all, axis=0)  # [L], a constant baseline.
 
-  def row_surrogate(boundary_params, tok, tgt, act, gamma):
+  def row_loss(boundary_params, tok, tgt, act):
     p = dict(params, boundary=boundary_params)
     ce_s, b = _per_row_ce(model, p, tok[None], tgt[None], None, 'given', act[None])
-    r = estimator.rewards(ce_s - centre, jnp.zeros_like(ce_s), 'plain')
-    g = estimator.discounted_returns(r, gamma)
-    return estimator.policy_loss(b.log_probs, g, b.free)
+    mask = jnp.ones_like(ce_s)
+    return estimator.score_function_terms(ce_s - centre, jnp.zeros_like(ce_s), b, mask, cfg)[0]
 
-  per_row_grads = jax.jit(jax.vmap(jax.grad(row_surrogate), in_axes=(None, 0, 0, 0, None)))
+  per_row_grads = jax.jit(jax.vmap(jax.grad(row_loss), in_axes=(None, 0, 0, 0)))
 
   # Every row has the same bytes, so a row's gradient depends on its actions only: compute it once
   # per distinct action vector (at most 2^6) and give each row the one of its own actions.
@@ -145,7 +150,6 @@ def test_score_function_gradient_is_unbiased_against_exact_enumeration(window):
       tile(tokens1, n_distinct),
       tile(targets1, n_distinct),
       jnp.asarray(distinct),
-      1.0,
   )
   grads = jax.tree.map(lambda g: np.asarray(g)[row_of.reshape(-1)], grads)
   z_bias, z_signal = [], []
@@ -159,8 +163,9 @@ def test_score_function_gradient_is_unbiased_against_exact_enumeration(window):
 
 
 def test_score_function_terms_use_the_config_switches():
-  """Switching off the batch-relative baseline or the rate loss changes the loss; lambda_rl = 0 removes
-  the policy gradient from the encoder-free policy parameters."""
+  """Switching off the batch-relative baseline or the rate loss, or changing gamma, the reward or
+  lambda_rl, changes the loss; lambda_rl = 0 removes the policy gradient from the policy's logits,
+  leaving exactly the rate loss's."""
   cfg = ml_collections.ConfigDict(
       dict(
           reward='early_exit',
@@ -178,23 +183,39 @@ def test_score_function_terms_use_the_config_switches():
   logits = jax.random.normal(jax.random.PRNGKey(2), (4, 8))
   actions = (jax.random.uniform(jax.random.PRNGKey(3), (4, 8)) < 0.3).astype(jnp.float32)
   actions, free, dropped = bd.enforce_convention(actions, 8)
-  bnd = bd.Boundaries(
-      actions=actions,
-      logits=logits,
-      probs=jax.nn.sigmoid(logits),
-      log_probs=bd.bernoulli_log_prob(logits, actions),
-      free=free,
-      dropped=dropped,
-  )
   mask = jnp.ones((4, 8))
-  base, _ = estimator.score_function_terms(ce_full, ce_early, bnd, mask, cfg)
+
+  def loss(z, c):
+    """The loss as a function of the policy's logits z: float32[4, 8]."""
+    bnd = bd.Boundaries(
+        actions=actions,
+        logits=z,
+        probs=jax.nn.sigmoid(z),
+        log_probs=bd.bernoulli_log_prob(z, actions),
+        free=free,
+        dropped=dropped,
+    )
+    return estimator.score_function_terms(ce_full, ce_early, bnd, mask, c)[0]
+
+  def but(field, value):
+    other = ml_collections.ConfigDict(cfg.to_dict())
+    other[field] = value
+    return other
+
+  base = loss(logits, cfg)
   for field, value in (
       ('baseline', 'none'),
       ('rate_loss', False),
       ('gamma', 1.0),
       ('reward', 'plain'),
+      ('lambda_rl', 0.0),
   ):
-    other = ml_collections.ConfigDict(cfg.to_dict())
-    other[field] = value
-    changed, _ = estimator.score_function_terms(ce_full, ce_early, bnd, mask, other)
-    assert not np.isclose(base, changed), field
+    assert not np.isclose(base, loss(logits, but(field, value))), field
+  rate_only = jax.grad(
+      lambda z: cfg.lambda_rate
+      * estimator.rate_loss(z, jax.nn.sigmoid(z), free, cfg.target_rate, per=mask.size)
+  )(logits)
+  assert np.abs(rate_only).max() > 0
+  np.testing.assert_allclose(jax.grad(loss)(logits, but('lambda_rl', 0.0)), rate_only, atol=1e-9)
+  # With lambda_rl > 0 the policy gradient is there: the check above can fail.
+  assert np.abs(jax.grad(loss)(logits, cfg) - rate_only).max() > 1e-4

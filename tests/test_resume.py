@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from conftest import tiny_config, tiny_flags
+from conftest import tiny_config, tiny_flags, tiny_run_config
 import pytest
 
 from tokjax import train
@@ -159,7 +159,7 @@ def test_resume_with_another_model_names_the_changed_fields_and_touches_no_check
   assert proc.returncode == 2, out[-3000:]
   # One line, on the model field only (train.steps may change on resume), and no damage reported.
   assert out.strip().splitlines() == [out.strip()], out[-3000:]
-  assert out.startswith('error: ') and 'config.model.d_model: 32 saved, 64 now' in out, out
+  assert out.startswith('error: ') and 'config.model.d_model=32 (64 now)' in out, out
   assert 'train.steps' not in out and 'unusable' not in out and 'train again' not in out, out
   assert _file_digests(workdir) == before
   # The run still resumes with its own config.
@@ -168,3 +168,40 @@ def test_resume_with_another_model_names_the_changed_fields_and_touches_no_check
   trainer = trainer_lib.Trainer(config, sharding.make_mesh(config.mesh))
   _, step = checkpointing.restore(mgr, trainer.abstract_state, config=config)
   assert step == 6
+
+
+def test_resume_with_other_train_steps_is_refused_unless_the_schedule_is_extended(
+    tiny_run, tmp_path, capsys
+):
+  """The cosine schedule decays to config.train.steps: a resume that changes it reshapes the rest of
+  the run, so it needs --extend_schedule, which says what the schedule becomes."""
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  from tokjax import checkpointing, trainer  # pylint: disable=g-import-not-at-top
+  from tokjax.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(tiny_run, workdir)
+  before = _file_digests(workdir)
+  config = tiny_run_config(workdir)
+  config.train.steps = 7
+  with pytest.raises(UserError) as e:
+    train.train(config, resume=True)
+  msg = str(e.value)
+  assert 'config.train.steps=6 and this resume asks for 7' in msg and '\n' not in msg, msg
+  assert '--extend_schedule' in msg and '--config.train.steps=6' in msg, msg
+  assert _file_digests(workdir) == before and 'resumed' not in capsys.readouterr().out
+  with pytest.raises(UserError, match='pass --resume with it'):
+    train.train(config, extend_schedule=True)
+
+  train.train(config, resume=True, extend_schedule=True)
+  out = capsys.readouterr().out
+  now = float(trainer.learning_rate_schedule(config.optim, 7)(6))
+  assert 'decays by cosine to 0 at step 7 instead of step 6' in out, out
+  assert f'at step 6 the rate goes from 0 to {now:.3g}' in out and now > 0, out
+  assert checkpointing.load_config(workdir)[0].train.steps == 7
+  steps = [r['step'] for r in read_metrics(os.path.join(workdir, 'metrics.jsonl'))]
+  assert max(steps) == 7
+  # The extended run is the run now: resuming it with its own steps is no change.
+  train.train(config, resume=True)
+  assert 'already finished' in capsys.readouterr().out

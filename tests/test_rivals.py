@@ -170,6 +170,27 @@ def test_bpe_boundaries_are_the_tokenizer_token_starts(tokenizer_json):
   np.testing.assert_array_equal(np.asarray(out.actions[0, : L - 1]), expected[: L - 1])
 
 
+def test_bpe_boundaries_in_the_step_are_the_host_token_starts_of_real_text(tmp_path):
+  """The jitted module's boundaries equal `token_starts` run on the host (what the step's callback
+  computes) on Shakespeare rows cut mid-text, with BOS inside a row and PAD runs: every segment."""
+  from tokjax.data import corpora  # pylint: disable=g-import-not-at-top
+
+  docs = corpora.load_documents('shakespeare', max_bytes=200_000)
+  tok_json = bpe.train_tokenizer(docs, 400).to_str()
+  text = b''.join(docs)[100_000:]
+  b, l = 6, 96
+  rows = np.asarray([list(text[r * l : (r + 1) * l]) for r in range(b)], np.int32)
+  rows[0, 0] = rows[1, 40] = BOS_ID
+  rows[2, 70:] = rows[3, 10:20] = bpe.PAD_ID
+  module = bpe.BPEGuided(tokenizer_json=tok_json, capacity=l)
+  out = jit_call(module.apply, {}, jnp.zeros((b, l, 4)), None, tokens=jnp.asarray(rows))
+  expected = bpe.token_starts(bpe._load(tok_json), rows)  # pylint: disable=protected-access
+  expected[rows == bpe.PAD_ID] = 0.0
+  expected[:, 0] = expected[:, -1] = 1.0  # The convention's forced first and last boundaries.
+  assert 0.2 < expected.mean() < 0.6
+  np.testing.assert_array_equal(np.asarray(out.actions), expected)
+
+
 def _fit_rate(module, make_inputs, params, steps, lr):
   """Minimises the module's aux_loss alone; returns the rate of the last 20 steps (free positions)."""
   opt = optax.adam(lr)

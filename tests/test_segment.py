@@ -14,7 +14,7 @@ import pytest
 
 from tokjax import models, segment, tokenization
 from tokjax.config import defaults as config_defaults
-from tokjax.data import BOS_ID, PAD_ID
+from tokjax.data import BOS_ID, PAD_ID, pipeline
 from tokjax.errors import UserError
 
 TEXT = (
@@ -79,6 +79,40 @@ def test_windows_leave_no_seams():
       model, params, text, c.data.seq_len, jax.random.PRNGKey(0), 'greedy', 0
   )
   assert np.abs(probs0[0] - np.asarray(ref.probs[0, 1:-1])).max() > 1e-4
+
+
+def test_windows_are_cut_as_training_cuts_a_document():
+  text = bytes(range(65, 105))  # 40 bytes, A to h.
+  tokens, kept = tokenization.segment_windows(text, 16, overlap=3)
+  # By hand: 16 - 2 - 3 = 11 new bytes a window; the first after BOS, each later one after 4 bytes
+  # of context and no BOS, the byte after them last (its decision is the next window's).
+  assert tokens.tolist() == [
+      [BOS_ID, *text[0:12], PAD_ID, PAD_ID, PAD_ID],
+      list(text[7:23]),
+      list(text[18:34]),
+      [*text[29:40], PAD_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID],
+  ]
+  assert kept == [(0, 1, 11), (11, 4, 11), (22, 4, 11), (33, 4, 7)]
+  # Without overlap the first window is training's first example of the document, BOS included.
+  example = pipeline.get_examples(pipeline.pack_documents([text]), np.array([0]), seq_len=16)
+  assert tokenization.segment_windows(text, 16)[0][0].tolist() == example['inputs'][0].tolist()
+
+
+def test_later_windows_read_the_cut_text_without_bos():
+  """A later window's kept decisions are the model's on the cut bytes alone; with a full-attention
+  encoder a BOS before them would move every one."""
+  _, model, params = _fresh_model(byte_window=0, seq_len=16)
+  text, key = TEXT[:40], jax.random.PRNGKey(0)
+  _, probs = tokenization.segment_text(model, params, text, 16, key, 'greedy', overlap=3)
+  run = lambda ids: np.asarray(
+      jit_call(
+          model.apply, {'params': params}, jnp.asarray([ids], jnp.int32), key, mode='greedy'
+      ).boundaries.probs[0]
+  )
+  # Bytes 11..21 are window 1's, at its positions 4..14 after text[7:11] (see the test above).
+  np.testing.assert_allclose(probs[0, 11:22], run(list(text[7:23]))[4:15], atol=1e-5)
+  after_bos = run([BOS_ID, *text[8:23]])[4:15]  # The same bytes at the same positions, after BOS.
+  assert np.abs(probs[0, 11:22] - after_bos).max() > 1e-3
 
 
 def test_greedy_is_deterministic_and_sampling_is_not():

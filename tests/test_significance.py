@@ -1,5 +1,6 @@
 """tokjax.significance: standard errors and paired comparisons against hand-computed values, the
-clustered error's response to correlated windows, and the seed rule."""
+clustered error's response to correlated windows, the rule (`judge`) against printed t tables, and
+the clusters of a corpus (Shakespeare's works)."""
 
 import math
 
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 
 from tokjax import significance
-from tokjax.data import pipeline
+from tokjax.data import corpora, pipeline
+from tokjax.errors import UserError
 
 
 def test_ratio_and_se_against_hand_computed_values():
@@ -82,30 +84,107 @@ def test_clustered_error_sees_a_shared_per_document_effect_that_the_window_error
   ce_a = ce_b + (0.01 + doc_effect + rng.normal(0.0, 0.01, docs * windows)) * nbytes
   p = significance.paired_difference(ce_a, ce_b, nbytes, documents)
   assert p['diff'] == significance.paired_difference(ce_a, ce_b, nbytes)['diff']
-  assert p['clustered_se'] > 2.5 * p['se'] and p['documents'] == docs
+  assert p['clustered_se'] > 2.5 * p['se'] and p['clusters'] == docs
   per_doc = lambda x: np.bincount(documents, weights=x)
   assert p['clustered_se'] == pytest.approx(
       significance.ratio_and_se(per_doc(ce_a - ce_b), per_doc(nbytes))[1], rel=1e-12
   )
   # The window error would call this difference found; the clustered error does not.
-  assert abs(p['diff']) > 2 * p['se'] and significance.verdict(
-      p['diff'], p['clustered_se'], None
-  ) == ('not found')
+  assert significance.judge(p['diff'], p['se'], p['units'])['verdict'] == 'one seed'
+  assert significance.judge(p['diff'], p['clustered_se'], docs)['verdict'] == 'not found'
   alone = significance.paired_difference(ce_a, ce_b, nbytes, np.arange(docs * windows))
   assert alone['clustered_se'] == pytest.approx(alone['se'], rel=1e-12)
-  with pytest.raises(ValueError, match='document ids'):
+  with pytest.raises(ValueError, match='cluster ids'):
     significance.paired_difference(ce_a, ce_b, nbytes, documents[:-1])
 
 
-def test_the_seed_rule_judges_by_the_larger_of_the_clustered_and_the_seed_error():
-  assert significance.judged_se(0.01, None) == 0.01 and significance.judged_se(0.01, 0.03) == 0.03
-  assert significance.verdict(0.05, 0.01, 0.02) == 'found'
-  assert significance.verdict(-0.05, 0.01, 0.02) == 'found'
-  assert significance.verdict(0.05, 0.01, 0.03) == 'not found'  # 0.05 < 2 x 0.03 (the seed error).
-  assert significance.verdict(0.05, 0.03, 0.01) == 'not found'  # 0.05 < 2 x 0.03 (clustered).
-  assert significance.verdict(0.05, 0.01, None) == 'one seed'
-  assert significance.verdict(0.01, 0.01, None) == 'not found'
-  assert significance.verdict(0.05, math.nan, 0.01) == 'not found'
+def test_t_quantiles_match_a_printed_table():
+  # Student's t, two-sided 95% (t(0.975, df)), as printed in statistics tables.
+  for df, t in ((1, 12.706), (2, 4.303), (7, 2.365), (10, 2.228), (math.inf, 1.960)):
+    assert significance.margin({'df': df, 'combined_se': 1.0}) == pytest.approx(t, abs=5e-4)
+  assert significance.margin({'df': math.nan, 'combined_se': 1.0}) == 0.0
+
+
+def test_welch_satterthwaite_df_by_hand():
+  # (0.01^2 + 0.02^2)^2 / (0.01^4 / 7 + 0.02^4 / 2) = 2.5e-7 / 8.142857e-8 = 3.0702.
+  assert significance.welch_df([(0.01, 7), (0.02, 2)]) == pytest.approx(3.0702, abs=1e-4)
+  assert significance.welch_df([(0.01, 7)]) == pytest.approx(7)  # One part: its own df.
+  assert significance.welch_df([(0.0, 2), (0.01, 7)]) == pytest.approx(
+      7
+  )  # An exact part adds none.
+
+
+def test_p_is_the_two_sided_t_tail():
+  # Closed forms of the two-sided tail: df 2: 1 - t / sqrt(2 + t^2); df 1: 1 - 2 atan(t) / pi.
+  j = significance.judge(0.03, 0.01, clusters=3)
+  assert j['df'] == 2 and j['combined_se'] == 0.01 and j['t'] == pytest.approx(3.0)
+  assert j['p'] == pytest.approx(1 - 3 / math.sqrt(11), rel=1e-9) and j['verdict'] == 'not found'
+  j = significance.judge(-0.05, 0.0, clusters=8, seed_se=0.01, seeds=2)
+  assert j['df'] == 1 and j['p'] == pytest.approx(1 - 2 * math.atan(5) / math.pi, rel=1e-9)
+  assert significance.judge(0.05, 0.01, 8, 0.01, 9)['verdict'] == 'found'  # t = 3.5, df 14.8.
+
+
+def test_the_rule_combines_errors_where_the_larger_of_the_two_would_find():
+  # Synthetic losses: 8 plays, 3 seeds; model a is 0.019 bpb worse on average, by a seed-dependent
+  # amount. The former rule (found beyond 2 x the larger of the clustered and seed errors) finds it.
+  rng = np.random.default_rng(0)
+  nbytes = np.full(8, 1000.0)
+  base = rng.normal(1500.0, 50.0, 8)
+  shifts = (0.010, 0.016, 0.030)  # bpb per seed.
+  ce_b = [base + rng.normal(0, 1.0, 8) for _ in shifts]
+  ce_a = [b + s * math.log(2) * nbytes + rng.normal(0, 1.0, 8) for b, s in zip(ce_b, shifts)]
+  p = significance.paired_difference(np.mean(ce_a, 0), np.mean(ce_b, 0), nbytes, np.arange(8))
+  per_seed = [significance.paired_difference(a, b, nbytes)['diff'] for a, b in zip(ce_a, ce_b)]
+  seed_se = np.std(per_seed, ddof=1) / math.sqrt(3)
+  assert abs(p['diff']) > 2 * max(p['clustered_se'], seed_se)  # The former rule: found.
+  j = significance.judge(p['diff'], p['clustered_se'], p['clusters'], seed_se, 3)
+  assert j['combined_se'] == pytest.approx(math.hypot(p['clustered_se'], seed_se))
+  assert 2 < j['df'] < 2.2  # Nearly all of the error is the seeds'.
+  assert j['p'] > 0.05 and j['verdict'] == 'not found'
+  # One seed: beyond 2 clustered s.e. (the former "one seed") but inside t(0.975, 7) = 2.365 of them.
+  assert significance.judge(0.022, 0.01, 8)['verdict'] == 'not found'
+  assert significance.judge(0.025, 0.01, 8)['verdict'] == 'one seed'
+  assert significance.judge(0.05, math.nan, 8, 0.01, 3)['verdict'] == 'not found'
+  assert math.isnan(significance.judge(0.05, 0.01, 1)['p'])  # One cluster has no df.
+
+
+def test_a_printed_p_stays_on_its_side_of_the_level():
+  assert significance.format_p(0.0496) == '0.0496'  # '0.05' would read as not found.
+  assert significance.format_p(0.18) == '0.18' and significance.format_p(3.2e-7) == '3.2e-07'
+  assert significance.format_p(math.nan) == '-'
+
+
+def test_shakespeare_pieces_map_to_the_work_they_come_from():
+  text = corpora.embedded_bytes('shakespeare')
+  works = corpora.shakespeare_works(text)
+  titles = [t for _, t in works]
+  assert len(works) == 42 and titles[0] == "ALL'S WELL THAT ENDS WELL"
+  assert 'HAMLET, PRINCE OF DENMARK' in titles and 'THE SONNETS' in titles
+  assert 'THE TRAGEDY OF KING LEAR' in titles  # "THE END" of the play before is not in the title.
+  assert all(text[o:].startswith(t.encode()) for o, t in works)
+  docs = corpora.load_documents('shakespeare')
+  clusters = corpora.document_clusters('shakespeare', docs)
+  assert clusters == sorted(clusters)  # Pieces run through the file in order, work after work.
+  # Only the two shortest poems (8 and 2 KB) hold the larger share of no 32 KiB piece.
+  missing = {titles[k] for k in set(range(42)) - set(clusters)}
+  assert missing == {'THE PASSIONATE PILGRIM', 'THE PHOENIX AND THE TURTLE'}
+  hamlet = titles.index('HAMLET, PRINCE OF DENMARK')
+  start = next(i for i, c in enumerate(clusters) if c == hamlet)
+  assert clusters[start + 1] == hamlet  # Consecutive pieces of one play share its cluster.
+  assert clusters[start - 1] != hamlet
+  # The test split (as the ladder splits it): 8 pieces of 7 works.
+  test = pipeline.split_documents(docs)['test']
+  assert len(test) == 8 and len(set(corpora.document_clusters('shakespeare', test))) == 7
+  with pytest.raises(UserError, match='not a document of corpus'):
+    corpora.document_clusters('shakespeare', [b'not a piece of the plays'])
+
+
+def test_a_folder_corpus_clusters_the_pieces_of_each_file(tmp_path):
+  (tmp_path / 'a.txt').write_bytes(b'line of text\n' * 6000)  # 78 KB: cut into 3 pieces.
+  (tmp_path / 'b.txt').write_bytes(b'short\n')
+  docs = corpora.load_documents(str(tmp_path))
+  assert len(docs) == 4
+  assert corpora.document_clusters(str(tmp_path), docs[::-1]) == [1, 0, 0, 0]
 
 
 def test_share_statistics_by_hand():

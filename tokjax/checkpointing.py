@@ -2,7 +2,8 @@
 
 A checkpoint step directory holds `state` (restorable onto any mesh: pass an abstract state whose
 leaves carry the target shardings), `data` (the train iterator's state, so a resumed run sees exactly
-the batches an uninterrupted run would) and `config` (JSON, so tools can rebuild the model).
+the batches an uninterrupted run would) and `config` (JSON, so tools can rebuild the model; read back
+by `read_config` in this version's fields, whichever version saved it: tokjax/config/saved.py).
 Orbax writes each step to a temporary folder and renames it when complete, so an interrupted save
 never leaves a half-written step that `latest_step` would pick.
 
@@ -24,6 +25,7 @@ from tokjax import evaluator as evaluator_lib
 from tokjax import paths, sharding
 from tokjax import trainer as trainer_lib
 from tokjax.config import defaults as config_defaults
+from tokjax.config import saved as config_saved
 from tokjax.config import validation as config_validation
 from tokjax.errors import UserError
 
@@ -74,6 +76,14 @@ def _first_line(e: Exception) -> str:
   return f'{type(e).__name__}: {text[0][:200]}' if text else type(e).__name__
 
 
+def _reason(e: Exception) -> str:
+  """e's message on one line (a KeyError's str is its key's repr, and ml_collections adds a
+  suggestion on a second line)."""
+  text = (str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)).strip()
+  line = text.splitlines()[0] if text else type(e).__name__
+  return f'no field {line.strip(chr(39))!r}' if isinstance(e, KeyError) else line
+
+
 def _load_item(mgr, step: int, item: str, args):
   """Restores one item of step, or raises BadStep naming it."""
   try:
@@ -104,14 +114,22 @@ def drop_foreign_sections(saved: dict) -> dict:
 
 
 def read_config(mgr, step: int) -> ml_collections.ConfigDict:
-  """The config saved with step (raises BadStep when it is missing or unreadable)."""
+  """The config saved with step, in this version's fields (`tokjax.config.saved.upgrade`: a field
+  added since takes its default, a renamed one moves). Every reader of a saved config comes here.
+
+  Raises BadStep when the config item is missing or unreadable, and UserError naming a saved field
+  that this version does not know (every step of the run has it: no older step is tried).
+  """
   problem = step_problem(mgr.directory / str(step), items=('config',))
   if problem:
     raise BadStep(problem)
   cfg = _load_item(mgr, step, 'config', ocp.args.JsonRestore())
   if not isinstance(cfg, dict) or 'model' not in cfg:
     raise BadStep('its "config" item holds no tokjax config')
-  return ml_collections.ConfigDict(drop_foreign_sections(cfg))
+  try:
+    return config_saved.upgrade(drop_foreign_sections(cfg))
+  except UserError as e:
+    raise UserError(f'checkpoint step {step} in {mgr.directory}: {e}') from None
 
 
 # Sections a resumed run may change freely: how long and how often it runs and saves (train), and the
@@ -119,11 +137,13 @@ def read_config(mgr, step: int) -> ml_collections.ConfigDict:
 RUN_CONTROL = ('train', 'mesh')
 
 
-def config_changes(saved, config) -> list[str]:
-  """'config.F: A saved, B now' for each field F outside `RUN_CONTROL` whose value differs between
-  the saved config and config (tuples and JSON's lists compare equal; a field only one has is
-  'absent' in the other)."""
-  missing = object()
+_ABSENT = object()
+
+
+def _differences(saved, config) -> list[tuple[str, object, object]]:
+  """(dotted field, saved value, value now) of each field outside `RUN_CONTROL` whose value differs
+  between the saved config and config (tuples and JSON's lists compare equal; a field only one has
+  is `_ABSENT` in the other)."""
 
   def plain(v):
     if isinstance(v, (dict, ml_collections.ConfigDict)):
@@ -133,18 +153,103 @@ def config_changes(saved, config) -> list[str]:
   def walk(a, b, name):
     if isinstance(a, dict) and isinstance(b, dict):
       for k in sorted(set(a) | set(b)):
-        yield from walk(a.get(k, missing), b.get(k, missing), f'{name}.{k}')
+        yield from walk(a.get(k, _ABSENT), b.get(k, _ABSENT), f'{name}.{k}')
     elif a != b:
-      shown = lambda v: 'absent' if v is missing else repr(v)
-      yield f'{name}: {shown(a)} saved, {shown(b)} now'
+      yield name, a, b
 
   a, b = plain(saved), plain(config)
   return [
-      line
+      d
       for k in sorted(set(a) | set(b))
       if k not in RUN_CONTROL
-      for line in walk(a.get(k, missing), b.get(k, missing), f'config.{k}')
+      for d in walk(a.get(k, _ABSENT), b.get(k, _ABSENT), k)
   ]
+
+
+def config_changes(saved, config) -> list[str]:
+  """'config.F: A saved, B now' for each field F outside `RUN_CONTROL` whose value differs between
+  the saved config and config (tuples and JSON's lists compare equal; a field only one has is
+  'absent' in the other)."""
+  shown = lambda v: 'absent' if v is _ABSENT else repr(v)
+  return [
+      f'config.{f}: {shown(a)} saved, {shown(b)} now' for f, a, b in _differences(saved, config)
+  ]
+
+
+def _shape_fields(saved, config) -> list[tuple[str, object, object]]:
+  """The differences between saved and config (`_differences`) that alone give the saved config
+  other parameter shapes: each is tried on a copy of the saved config (on config's mesh)."""
+  mesh = sharding.make_mesh(config.mesh)
+
+  def shapes(c):
+    try:
+      return _leaf_shapes(trainer_lib.Trainer(c, mesh).abstract_state.params)
+    except UserError:  # The field alone makes no valid config: it is not the one to name.
+      return None
+
+  def saved_with(dotted=None, value=None):
+    c = saved.copy_and_resolve_references()
+    c.mesh = config.mesh.copy_and_resolve_references()
+    if dotted:
+      *parents, leaf = dotted.split('.')
+      node = c
+      for p in parents:
+        node = node[p]
+      node[leaf] = value
+    return c
+
+  plain = lambda v: v is not _ABSENT and not isinstance(v, dict)
+  before = shapes(saved_with())
+  return [
+      (dotted, a, b)
+      for dotted, a, b in _differences(saved, config)
+      if before is not None
+      and plain(a)
+      and plain(b)
+      and shapes(saved_with(dotted, b)) not in (None, before)
+  ]
+
+
+def _misfit(mgr, saved, config) -> str:
+  """The one line for a resume whose config builds parameters of other shapes than the run's."""
+  fields = _shape_fields(saved, config)
+  if not fields:
+    return (
+        f'the run in {mgr.directory} was trained with another config, and its checkpoints do not '
+        f'fit this one ({"; ".join(config_changes(saved, config))}); resume with the saved '
+        'values, or train this config in a new --config.train.workdir.'
+    )
+  shown = ', '.join(f'config.{f}={a!r} ({b!r} now)' for f, a, b in fields)
+  flags_ = ' '.join(f'--config.{f}={a}' for f, a, _ in fields)
+  return (
+      f'the run in {mgr.directory} was trained with {shown}, which sets the shapes of its '
+      f'parameters; resume with {flags_}, or train this config in a new --config.train.workdir.'
+  )
+
+
+def check_schedule(saved, config, step: int, extend: bool) -> None:
+  """A resume from `step` whose config.train.steps differs from the run's reshapes the learning-rate
+  schedule (`trainer.learning_rate_schedule` decays to train.steps): UserError unless `extend`,
+  then a note on what the schedule becomes. Nothing to say when no step is left to train."""
+  old, new = saved.train.steps, config.train.steps
+  if old == new or step >= new:
+    return
+  was = float(trainer_lib.learning_rate_schedule(saved.optim, old)(step))
+  now = float(trainer_lib.learning_rate_schedule(config.optim, new)(step))
+  end = config.optim.lr * config.optim.min_lr_factor
+  if not extend:
+    raise UserError(
+        f'the run was trained with config.train.steps={old} and this resume asks for {new}, which '
+        f'reshapes its learning-rate schedule from step {step} on (the rate there becomes '
+        f'{now:.3g}, not {was:.3g}); resume with --config.train.steps={old}, or pass '
+        f'--extend_schedule to decay the schedule to step {new} instead.'
+    )
+  print(
+      f'note: --extend_schedule: the learning-rate schedule now decays by cosine to {end:.3g} at '
+      f'step {new} instead of step {old}; at step {step} the rate goes from {was:.3g} to '
+      f'{now:.3g}.',
+      flush=True,
+  )
 
 
 def _leaf_shapes(tree) -> dict[str, tuple]:
@@ -184,17 +289,18 @@ def _fallback(mgr, step: int, why: str, rest: list[int]) -> None:
   )
 
 
-def restore(mgr, abstract_state, data_iterator=None, step=None, config=None):
+def restore(mgr, abstract_state, data_iterator=None, step=None, config=None, extend_schedule=False):
   """Restores (state, step) from `step`, or from the latest step that loads; advances
   data_iterator in place. Damaged steps are reported and skipped (see the module docstring).
 
   config: the config of the run that resumes. A state that its saved config built and this one
   cannot hold is no damage: it raises UserError naming the fields that differ (`config_changes`)
   before any checkpoint is read further or skipped. Changes that the state fits are printed in one
-  note.
+  note. A changed config.train.steps is refused unless extend_schedule (`check_schedule`).
 
   Raises UserError when there is no checkpoint, when the demanded step is damaged, when config
-  builds another state than the checkpoint holds, or when no step loads.
+  builds another state than the checkpoint holds (naming the fields that set its shapes), when
+  config.train.steps changed without extend_schedule, or when no step loads.
   """
   candidates = _candidates(mgr, step)
   if not candidates:
@@ -209,12 +315,10 @@ def restore(mgr, abstract_state, data_iterator=None, step=None, config=None):
       changes = [] if config is None else config_changes(saved, config)
       if not _state_fits(mgr, s, abstract_state):
         if changes:
-          raise UserError(
-              f'the run in {mgr.directory} was trained with another config, and its checkpoints '
-              f'do not fit this one ({"; ".join(changes)}); resume with the saved values, or '
-              'train this config in a new --config.train.workdir.'
-          )
+          raise UserError(_misfit(mgr, saved, config))
         raise BadStep('its "state" item holds other arrays than the model being restored')
+      if config is not None:
+        check_schedule(saved, config, s, extend_schedule)
       if changes:
         print(f'note: resuming with a changed config ({"; ".join(changes)}).', flush=True)
       state = _load_item(mgr, s, 'state', ocp.args.StandardRestore(abstract_state))
@@ -337,9 +441,10 @@ def _load_step(mgr, path: str, step: int, mesh, trainer=None) -> Checkpoint:
       config_validation.validate(config)
       trainer = trainer_lib.Trainer(config, inspection_mesh(config) if mesh is None else mesh)
     except (KeyError, AttributeError, TypeError, UserError) as e:
-      raise BadStep(
-          f'its "config" item does not describe a tokjax model this version builds ({e}); it may '
-          'come from another version of tokjax'
+      # Not damage: every step of the run holds this config, so no older step is tried.
+      raise UserError(
+          f'checkpoint step {step} in {mgr.directory}: its saved config does not build a model in '
+          f'this version of tokjax ({_reason(e)}).'
       ) from None
   try:
     state = mgr.restore(

@@ -236,13 +236,9 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
   }
   # The memory options (tokjax.config.defaults: model.remat/scan_layers/attention, optim.grad_accum_steps).
   m = config.model
-  if 'remat' in m:
-    report['remat'] = {k: str(v) for k, v in dict(m.remat).items()}
-  for name in ('scan_layers', 'attention'):
-    if name in m:
-      report[name] = m[name]
-  if 'grad_accum_steps' in config.optim:
-    report['grad_accum_steps'] = int(config.optim.grad_accum_steps)
+  report['remat'] = {k: str(v) for k, v in dict(m.remat).items()}
+  report['scan_layers'], report['attention'] = m.scan_layers, m.attention
+  report['grad_accum_steps'] = int(config.optim.grad_accum_steps)
   t0 = time.perf_counter()
   try:
     compiled = compile_train_step(trainer)

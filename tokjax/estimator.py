@@ -238,7 +238,7 @@ def stage_settings(config, s: int):
   view = config.estimator.copy_and_resolve_references()
   stages = config.stages
   for field in STAGE_FIELDS:
-    values = stages.get(field, ())
+    values = stages[field]
     if len(values):
       view[field] = type(view[field])(values[s - 1])
   view.target_rate = float(stages.target_rate[s - 1])
@@ -420,7 +420,7 @@ def _validate_stages(config, n: int) -> None:
   """config.stages' estimator fields for a model of n > 1 stages (`stage_settings` reads them)."""
   st, est = config.stages, config.estimator
   for field in STAGE_FIELDS:
-    if len(st.get(field, ())) not in (0, n - 1):
+    if len(st[field]) not in (0, n - 1):
       raise UserError(
           f'config.stages.{field} has {len(st[field])} entries but config.model.stages={n} needs '
           f'{n - 1} (one per stage above the bytes) or none (config.estimator.{field} at every '
@@ -429,16 +429,16 @@ def _validate_stages(config, n: int) -> None:
   draws = baseline(est.baseline).draws(est)
   for s in range(1, n):
     i, cfg = s - 1, stage_settings(config, s)
-    if len(st.get('reward', ())) and cfg.reward not in REWARDS:
+    if len(st.reward) and cfg.reward not in REWARDS:
       raise UserError(
           f'config.stages.reward[{i}]={st.reward[i]!r} is not valid; use one of {REWARDS}.'
       )
-    if len(st.get('gamma', ())) and not 0.0 <= cfg.gamma <= 1.0:
+    if len(st.gamma) and not 0.0 <= cfg.gamma <= 1.0:
       raise UserError(f'config.stages.gamma[{i}]={st.gamma[i]!r} must be in [0, 1].')
     for field in ('lambda_rl', 'lambda_rate'):
-      if len(st.get(field, ())) and not cfg[field] >= 0.0:
+      if len(st[field]) and not cfg[field] >= 0.0:
         raise UserError(f'config.stages.{field}[{i}]={st[field][i]!r} must be >= 0.')
-    if not len(st.get('baseline', ())):
+    if not len(st.baseline):
       continue
     name = st.baseline[i]
     if name not in BASELINES:

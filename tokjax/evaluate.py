@@ -20,7 +20,9 @@ the same way) with sampled and with greedy boundaries. Writes FILE_PREFIX.json a
     the chance level that stage s - 1's ends set; the report's stage{s}_* entries; see
     `tokjax.evaluator`).
 The statistics and their exact definitions are `tokjax.evaluator`'s, the same code the trainer's
-validation runs: with the same key, `--split val` reproduces the trainer's own val bpb.
+validation runs: with the same key and, by default, the saved config's eval.max_batches of val
+batches, `--split val` reproduces the trainer's own val bpb exactly (--max_batches=0: the whole
+split).
 The checkpoint is restored by `tokjax.checkpointing.load_checkpoint`: a damaged latest step is reported
 and the previous one used, unless --step demands one.
 """
@@ -171,15 +173,21 @@ def run_evaluation(
     corpus: str | None = None,
     split: str = 'test',
     out: str | None = None,
-    max_batches: int = 0,
+    max_batches: int | None = None,
     bpe: bool = True,
     step: int | None = None,
 ) -> dict:
-  """Evaluates a run folder and writes OUT.json and OUT.md; returns the report dict."""
+  """Evaluates a run folder and writes OUT.json and OUT.md; returns the report dict.
+
+  max_batches: eval batches at most (0: all); None: the saved config's eval.max_batches for the val
+  split, the batches the trainer's val bpb was measured on, and all of them for train and test.
+  """
   if split not in pipeline.SPLITS:
     raise UserError(f'--split={split!r} is not a split; use one of {pipeline.SPLITS}.')
   ckpt = checkpointing.load_checkpoint(checkpoint, step)
   config = ckpt.config
+  if max_batches is None:
+    max_batches = config.eval.max_batches if split == 'val' else 0
   splits = load_split(config, corpus, split)
   docs = splits[split]
   bpe_info, starts = None, None
@@ -240,7 +248,12 @@ def define_flags():
   flags.DEFINE_string('corpus', None, "Corpus spec to evaluate on (default: the run's).")
   flags.DEFINE_string('split', 'test', 'Split: train | val | test.')
   flags.DEFINE_string('out', None, 'Output prefix for .json and .md (default DIR/eval_SPLIT).')
-  flags.DEFINE_integer('max_batches', 0, 'Evaluate at most this many batches (0: all).')
+  flags.DEFINE_integer(
+      'max_batches',
+      None,
+      "Evaluate at most this many batches (0: all; default: the saved config's eval.max_batches "
+      'for --split val, as the trainer validates, else all).',
+  )
   flags.DEFINE_integer(
       'step', None, 'Checkpoint step that must load (default: the latest step that loads).'
   )

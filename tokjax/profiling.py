@@ -30,7 +30,7 @@ class StepProfiler:
   @classmethod
   def from_config(cls, config, logdir=None):
     """None-safe: returns a profiler that does nothing when config.train.profile_steps is (0, 0)."""
-    first, last = tuple(config.train.get('profile_steps', (0, 0)))
+    first, last = tuple(config.train.profile_steps)
     if (first, last) == (0, 0):
       return _Off()
     return cls(first, last, logdir or os.path.join(config.train.workdir, 'profile'))

@@ -17,8 +17,8 @@ each stage-s chunk (s >= 1). The console lists the chunk count of every level.
 Files longer than the model's seq_len are processed in overlapping windows: each window re-reads the
 encoder's receptive field of already-decided bytes as context and keeps only the decisions of the
 bytes after it, and never the window's forced last position (see `tokenization.segment_text`). For the
-independent (w = 1) policy the result equals one pass over the whole file; the file's first byte is
-read after a BOS, as a document's first byte is in training.
+independent (w = 1) policy the result equals one pass over the whole file. Windows are cut as training
+cuts a document: the first starts with BOS, every later one with cut text and no BOS.
 """
 
 import json

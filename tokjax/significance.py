@@ -2,9 +2,10 @@
 
 `ratio_and_se` gives bits-per-byte pooled over bytes with its error (documents as the sampling
 unit); `paired_difference` compares two models on the same scoring units, with the window-paired
-error and the document-clustered one (a document's windows are correlated); `verdict` is the rule
-every table uses: a difference is found only beyond FOUND_BY x the larger of the clustered and the
-seed standard error. `tokjax.evaluator` produces the per-unit numbers these read.
+error and the clustered one (the windows of one document, or of one of the corpus's independent
+units such as a play, are correlated: `tokjax.data.corpora.document_clusters`); `judge` is the
+rule every table uses (`RULE`): a t-test of the difference against its clustered and seed errors
+combined in quadrature. `tokjax.evaluator` produces the per-unit numbers these read.
 """
 
 import math
@@ -94,24 +95,26 @@ def unit_documents(docs, unit_bytes: int = 0) -> np.ndarray:
   return np.repeat(np.arange(len(docs), dtype=np.int32), per_doc)
 
 
-def paired_difference(ce_a, ce_b, nbytes, documents=None) -> dict:
+def paired_difference(ce_a, ce_b, nbytes, clusters=None) -> dict:
   """Model a minus model b in bits-per-byte on the same units, with its paired standard errors.
 
   Args:
     ce_a, ce_b: float[U], each unit's summed cross-entropy in nats under a and under b.
     nbytes: float[U], each unit's scored bytes (the same for both); units with none are left out.
-    documents: optional int[U], the document of each unit (`unit_documents`).
+    clusters: optional int[U], the cluster of each unit: its document (`unit_documents`) or the
+      independent unit that document comes from (`tokjax.data.corpora.document_clusters`).
 
   Returns:
     {'diff': bpb(a) - bpb(b) (pooled over bytes), 'se': its standard error by the ratio estimator on
     the per-unit differences ce_a - ce_b (`ratio_and_se`), 'a_better': the share of units on which
-    a has the lower cross-entropy, 'b_better': the same for b, 'units': U}; with documents also
-    'clustered_se', the same estimator on the differences summed per document, and 'documents'.
+    a has the lower cross-entropy, 'b_better': the same for b, 'units': U}; with clusters also
+    'clustered_se', the same estimator on the differences summed per cluster, and 'clusters' (how
+    many carry bytes).
     Because both models are scored on the same units, the variation between units that both share
-    cancels: se is usually far below either model's own bpb_se. The windows of one document share
+    cancels: se is usually far below either model's own bpb_se. The windows of one cluster share
     its topic, style and length, so their differences are correlated and se, which treats them as
     independent, is too small by about sqrt(1 + (m - 1) rho) for m windows of correlation rho:
-    clustered_se is the error to judge a difference by.
+    clustered_se is the error to judge a difference by (`judge`).
   """
   ce_a, ce_b = np.asarray(ce_a, np.float64), np.asarray(ce_b, np.float64)
   nbytes = np.asarray(nbytes, np.float64)
@@ -127,34 +130,92 @@ def paired_difference(ce_a, ce_b, nbytes, documents=None) -> dict:
       'b_better': float(np.mean(ce_b[keep] < ce_a[keep])) if units else math.nan,
       'units': units,
   }
-  if documents is not None:
-    documents = np.asarray(documents, np.int64)
-    if documents.shape != nbytes.shape:
-      raise ValueError(f'{documents.shape} document ids for {nbytes.shape} units')
-    per_doc = lambda x: np.bincount(documents, weights=x)
-    doc_bytes = per_doc(nbytes)
-    out['clustered_se'] = ratio_and_se(per_doc(ce_a - ce_b), doc_bytes)[1]
-    out['documents'] = int(np.sum(doc_bytes > 0))
+  if clusters is not None:
+    clusters = np.asarray(clusters, np.int64)
+    if clusters.shape != nbytes.shape:
+      raise ValueError(f'{clusters.shape} cluster ids for {nbytes.shape} units')
+    per_cluster = lambda x: np.bincount(clusters, weights=x)
+    cluster_bytes = per_cluster(nbytes)
+    out['clustered_se'] = ratio_and_se(per_cluster(ce_a - ce_b), cluster_bytes)[1]
+    out['clusters'] = int(np.sum(cluster_bytes > 0))
   return out
 
 
-FOUND_BY = 2.0  # A difference is found when it exceeds this many of `judged_se`'s errors.
+LEVEL = 0.05  # A difference is found when its two-sided p is below this.
+RULE = (
+    'found when |d| > t(0.975, df) x sqrt(clustered s.e.^2 + seed s.e.^2) (two-sided p < 0.05; df '
+    'by Welch-Satterthwaite from clusters - 1 and seeds - 1); with one seed the clustered s.e. '
+    'alone (df = clusters - 1), and a difference beyond it reads "one seed"'
+)
 
 
-def judged_se(clustered_se: float, seed_se: float | None) -> float:
-  """The error a paired difference is judged by: the larger of its document-clustered error
-  (`paired_difference`) and the standard error of its per-seed differences (None: one seed, which
-  has none, and the clustered error stands alone)."""
-  return clustered_se if seed_se is None else max(clustered_se, seed_se)
+def welch_df(parts) -> float:
+  """Welch-Satterthwaite degrees of freedom of sqrt(sum se^2). parts: (se, df) pairs; a part with
+  se 0 adds nothing, one with df = inf nothing to the denominator."""
+  num = sum(se**2 for se, _ in parts) ** 2
+  den = sum(se**4 / df for se, df in parts if se > 0 and math.isfinite(df))
+  return num / den if den > 0 else math.inf
 
 
-def verdict(diff: float, clustered_se: float, seed_se: float | None) -> str:
-  """'found' when |diff| > FOUND_BY x `judged_se` with two seeds or more; 'one seed' when it
-  exceeds FOUND_BY clustered errors but a single seed leaves the seed error unknown; else 'not
-  found' (inside the errors, or an error is NaN)."""
-  if not abs(diff) > FOUND_BY * judged_se(clustered_se, seed_se):
-    return 'not found'
-  return 'one seed' if seed_se is None else 'found'
+def judge(
+    diff: float,
+    clustered_se: float,
+    clusters: int,
+    seed_se: float | None = None,
+    seeds: int = 1,
+) -> dict:
+  """The rule every table judges a paired difference by (`RULE`).
+
+  Args:
+    diff: the paired difference (`paired_difference`'s 'diff', averaged over seeds).
+    clustered_se: its error over the corpus's independent units (`paired_difference`).
+    clusters: how many of those units carry it (their error has clusters - 1 df).
+    seed_se: the standard error of the per-seed differences; None with one seed.
+    seeds: how many seeds those differences come from (seed_se has seeds - 1 df).
+
+  Returns:
+    {'combined_se': sqrt(clustered_se^2 + seed_se^2) (clustered_se alone with one seed), 'df': its
+    Welch-Satterthwaite degrees of freedom, 't': |diff| / combined_se, 'p': the two-sided p of t
+    under Student's t with df, 'verdict': 'found' when p < LEVEL with two seeds or more, 'one seed'
+    when p < LEVEL with one, else 'not found' (inside the error, or an error is NaN)}.
+  """
+  from scipy import stats  # pylint: disable=g-import-not-at-top  (a dependency of jax)
+
+  parts = [(clustered_se, clusters - 1)]
+  if seed_se is not None:
+    parts.append((seed_se, seeds - 1))
+  combined = math.sqrt(sum(se**2 for se, _ in parts))
+  out = {'combined_se': combined, 'df': math.nan, 't': math.nan, 'p': math.nan}
+  if math.isnan(combined) or (combined == diff == 0) or min(df for _, df in parts) < 1:
+    return out | {'verdict': 'not found'}
+  df = welch_df(parts)
+  t = abs(diff) / combined if combined > 0 else math.inf  # No spread at all: an exact difference.
+  p = float(2 * stats.t.sf(t, df))
+  found = p < LEVEL
+  verdict = ('one seed' if seed_se is None else 'found') if found else 'not found'
+  return out | {'df': float(df), 't': float(t), 'p': p, 'verdict': verdict}
+
+
+def margin(judged: dict) -> float:
+  """t(1 - LEVEL / 2, df) x combined s.e. of a `judge` result: the difference is found when it lies
+  beyond +- this (0 where the rule had no error to judge by)."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top  (a dependency of jax)
+
+  if math.isnan(judged['df']):
+    return 0.0
+  return float(stats.t.ppf(1 - LEVEL / 2, judged['df']) * judged['combined_se'])
+
+
+def format_p(p: float) -> str:
+  """p with the fewest significant digits (2 or more) that keep it on its side of LEVEL, so a
+  printed p never reads as a different verdict ('-' for NaN)."""
+  if math.isnan(p):
+    return '-'
+  for digits in range(2, 8):
+    text = f'{p:.{digits}g}'
+    if (float(text) < LEVEL) == (p < LEVEL):
+      return text
+  return text
 
 
 def format_bpb(bpb: float, se: float, digits: int = 4) -> str:

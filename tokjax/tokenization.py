@@ -150,6 +150,32 @@ def window_overlap(config) -> int:
   return max(0, min(field, (seq_len - 2) // 2))
 
 
+def segment_windows(text: bytes, seq_len: int, overlap: int = 0):
+  """The windows `segment_text` runs a model on, cut from text as training cuts a document.
+
+  Window 0 is BOS and the text's first bytes, as a document starts in training; every later window
+  is seq_len bytes of the text with no BOS, as a training window cut from inside a document is
+  (BOS before cut text changes every decision the encoder reads it into). A later window holds
+  overlap + 1 bytes already decided (context only; BOS's place holds one of them), then
+  step = seq_len - 2 - overlap new bytes, then the byte after them, whose decision is not kept: the
+  convention forces a boundary at a window's last position. PAD fills a window past the text's end.
+
+  Returns (tokens int32[W, seq_len], kept): kept[k] = (start, first, count) says that positions
+  first .. first + count - 1 of window k decide text[start : start + count]; the kept ranges tile
+  the text.
+  """
+  step = seq_len - 2 - overlap
+  if step < 1:
+    raise ValueError(f'overlap {overlap} leaves no new bytes in a window of {seq_len}')
+  tokens, kept = [], []
+  for start in range(0, len(text), step):
+    context = min(overlap + 1, start)
+    ids = ([] if start else [BOS_ID]) + list(text[start - context : start + step + 1])
+    tokens.append(ids + [PAD_ID] * (seq_len - len(ids)))
+    kept.append((start, context + (0 if start else 1), min(step, len(text) - start)))
+  return np.asarray(tokens, np.int32).reshape(-1, seq_len), kept
+
+
 def segment_text(
     model,
     params,
@@ -163,31 +189,23 @@ def segment_text(
   """Boundaries of a text of any length at every level: (actions, probs) float32[S, n] for its n bytes
   (S: the model's stages; level s as in `level_boundaries`).
 
-  The text is cut into windows of seq_len tokens: [BOS] + `overlap` bytes already decided (context
-  only) + new bytes. Only the new bytes' decisions are kept, and the window's last position is never
-  kept either (the convention forces a boundary there): it is decided again, with context, by the next
-  window. With overlap >= the encoder's receptive field (`window_overlap`), every kept decision of an
-  independent (w = 1) policy equals the one it would make in one long sequence, so windows leave no
-  seams; the first window starts the text after BOS, as a document starts in training. A sequential
-  (w > 1) policy restarts its history at each window, which can change the first few decisions after
-  the overlap, and so can the decisions of stages above 0 (they read whole chunks). All levels of a
-  byte come from the same window, so each level's ends stay a subset of the level below. Sampled
-  batches of windows use the keys fold_in(key, batch index). The text's last byte is not forced to be
-  a boundary.
+  The text is cut into windows of seq_len tokens as training cuts a document (`segment_windows`):
+  the first starts with BOS, every later one with `overlap` + 1 bytes already decided (context only)
+  and no BOS; then the new bytes. Only the new bytes' decisions are kept, and the window's last
+  position is never kept either (the convention forces a boundary there): it is decided again, with
+  context, by the next window. With overlap >= the encoder's receptive field (`window_overlap`),
+  every kept decision of an independent (w = 1) policy equals the one it would make in one long
+  sequence, so windows leave no seams. A sequential (w > 1) policy restarts its history at each
+  window, which can change the first few decisions after the overlap, and so can the decisions of
+  stages above 0 (they read whole chunks). All levels of a byte come from the same window, so each
+  level's ends stay a subset of the level below. Sampled batches of windows use the keys
+  fold_in(key, batch index). The text's last byte is not forced to be a boundary.
   """
   n = len(text)
   if n == 0:
     stages = interface.byte_levels(model)
     return np.zeros((stages, 0), np.float32), np.zeros((stages, 0), np.float32)
-  step = seq_len - 2 - overlap
-  if step < 1:
-    raise ValueError(f'overlap {overlap} leaves no new bytes in a window of {seq_len}')
-  starts = list(range(0, n, step))  # Window k decides text[starts[k]:starts[k] + step].
-  windows, keep = [], []
-  for s in starts:
-    ctx = min(overlap, s)
-    windows.append(encode_window(text[s - ctx : s + step + 1], seq_len)[0])
-    keep.append((1 + ctx, min(step, n - s)))
+  windows, keep = segment_windows(text, seq_len, overlap)
   fn = _boundary_fn(model, mode)
   actions = probs = None
   for b in range(0, len(windows), batch_size):
@@ -202,8 +220,7 @@ def segment_text(
           (ps.shape[1], n), np.float32
       )
     for i in range(len(tokens) - pad):
-      first, count = keep[b + i]
-      s = starts[b + i]
+      s, first, count = keep[b + i]
       actions[:, s : s + count] = acts[i, :, first : first + count]
       probs[:, s : s + count] = ps[i, :, first : first + count]
   return actions, probs

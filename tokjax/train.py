@@ -10,7 +10,9 @@ beside the gzip -9 / xz -9 figures of the same split and, for a hierarchical mod
 segmentation of held-out text.
 
 --resume continues from the latest checkpoint that loads (a damaged one is reported and skipped;
---step=N demands step N); the metrics logged after that step are dropped and logged again. SIGTERM or
+--step=N demands step N); the metrics logged after that step are dropped and logged again. A resume
+with another config.train.steps than the run's is refused, since the learning-rate schedule decays to
+that step: --extend_schedule accepts it and says what the schedule becomes. SIGTERM or
 SIGINT (Ctrl-C) finishes the current step, saves a checkpoint and exits with 128 + the signal number,
 printing how to resume; a second signal exits at once. Third-party INFO logs show with --verbosity=0.
 """
@@ -57,6 +59,12 @@ if __name__ == '__main__':  # Flags belong to the command; importing this module
   )
   _OVERWRITE = flags.DEFINE_bool(
       'overwrite', False, "Delete the workdir's metrics and checkpoints and train from scratch."
+  )
+  _EXTEND_SCHEDULE = flags.DEFINE_bool(
+      'extend_schedule',
+      False,
+      'With --resume and a changed --config.train.steps: decay the learning-rate schedule to the '
+      'new last step (without it such a resume is refused).',
   )
 
 RUN_FILES = ('metrics.jsonl', 'status.json', 'tensorboard', 'checkpoints', 'curves.png')
@@ -312,9 +320,12 @@ def resume_command() -> str:
   return 'python -m tokjax.train ' + ' '.join(map(shlex.quote, args + ['--resume']))
 
 
-def initial_state(config, trainer, data, mgr, key, resume: bool, step: int | None):
+def initial_state(
+    config, trainer, data, mgr, key, resume: bool, step: int | None, extend_schedule: bool = False
+):
   """(state, restored: bool): the restored checkpoint with resume (dropping newer steps), else a
-  fresh init. Refuses to start fresh over a run's metrics without a checkpoint."""
+  fresh init. Refuses to start fresh over a run's metrics without a checkpoint, and a changed
+  config.train.steps without extend_schedule (`checkpointing.check_schedule`)."""
   workdir = config.train.workdir
   if step is not None and not resume:
     raise UserError('--step picks the checkpoint to resume from: pass --resume with it.')
@@ -329,7 +340,7 @@ def initial_state(config, trainer, data, mgr, key, resume: bool, step: int | Non
     print(f'note: no checkpoint in {mgr.directory}; --resume starts a fresh run.', flush=True)
     return trainer.init(key), False
   state, restored = checkpointing.restore(
-      mgr, trainer.abstract_state, data.train_iter, step, config=config
+      mgr, trainer.abstract_state, data.train_iter, step, config, extend_schedule
   )
   newer = [s for s in mgr.all_steps() if s > restored]
   if newer:  # Damaged or abandoned steps: the resumed run writes its own.
@@ -341,18 +352,28 @@ def initial_state(config, trainer, data, mgr, key, resume: bool, step: int | Non
   return state, True
 
 
-def train(config, resume: bool = False, step: int | None = None, overwrite: bool = False) -> dict:
+def train(
+    config,
+    resume: bool = False,
+    step: int | None = None,
+    overwrite: bool = False,
+    extend_schedule: bool = False,
+) -> dict:
   """Runs training; returns the final val metrics. Raises UserError for fixable input problems and
-  Interrupted after saving when a stop signal arrives."""
+  Interrupted after saving when a stop signal arrives. extend_schedule: see `initial_state`."""
   config_validation.validate(config)
-  distributed.maybe_initialize(config.mesh.get('multihost', 'auto'))  # Before anything touches JAX.
+  if extend_schedule and not resume:
+    raise UserError("--extend_schedule stretches a resumed run's schedule: pass --resume with it.")
+  distributed.maybe_initialize(config.mesh.multihost)  # Before anything touches JAX.
   prepare_workdir(config.train.workdir, resume, overwrite)
   mesh = sharding.make_mesh(config.mesh)
   data = pipeline.build_data(config)
   trainer = trainer_lib.Trainer(config, mesh)
   mgr = checkpointing.manager(config.train.workdir, config.train.keep_checkpoints)
   init_key, train_key, eval_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
-  state, restored = initial_state(config, trainer, data, mgr, init_key, resume, step)
+  state, restored = initial_state(
+      config, trainer, data, mgr, init_key, resume, step, extend_schedule
+  )
   total, start = config.train.steps, int(state.step)
   if start >= total:
     return finished(config, start)
@@ -428,14 +449,21 @@ def finished(config, step: int) -> dict:
   shown = f'; its last val bpb is {val["bpb"]:.4f} (step {val["step"]})' if 'bpb' in val else ''
   print(
       f'the run in {config.train.workdir} already finished: its checkpoint is at step {step} and '
-      f'config.train.steps={config.train.steps}{shown}. Raise --config.train.steps to train on.'
+      f'config.train.steps={config.train.steps}{shown}. Raise --config.train.steps and pass '
+      '--extend_schedule to train on (the learning-rate schedule then decays to the new last step).'
   )
   return {k: v for k, v in val.items() if k not in ('step', 'split')}
 
 
 def main(argv):
   del argv
-  train(_CONFIG.value, resume=_RESUME.value, step=_STEP.value, overwrite=_OVERWRITE.value)
+  train(
+      _CONFIG.value,
+      resume=_RESUME.value,
+      step=_STEP.value,
+      overwrite=_OVERWRITE.value,
+      extend_schedule=_EXTEND_SCHEDULE.value,
+  )
 
 
 if __name__ == '__main__':

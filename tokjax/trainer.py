@@ -176,7 +176,7 @@ class Trainer:
 def check_accumulation(config, mesh) -> int:
   """config.optim.grad_accum_steps, checked against the batch, each stage's baseline and the mesh
   before compiling."""
-  n = config.optim.get('grad_accum_steps', 1)
+  n = config.optim.grad_accum_steps
   b = config.data.batch_size
   if not isinstance(n, int) or isinstance(n, bool) or n < 1:
     raise UserError(f'config.optim.grad_accum_steps={n!r} must be a positive integer (1 = off).')
@@ -188,9 +188,9 @@ def check_accumulation(config, mesh) -> int:
   zeroed = _batch_baseline_stages(config) if b // n == 1 else ()
   if zeroed:
     s = zeroed[0]
-    own = s > 0 and len(config.stages.get('baseline', ()))
+    own = s > 0 and len(config.stages.baseline)
     field = f'stages.baseline[{s - 1}]' if own else 'estimator.baseline'
-    other = tuple('none' if v == 'batch' else v for v in config.stages.get('baseline', ()))
+    other = tuple('none' if v == 'batch' else v for v in config.stages.baseline)
     fix = f'--config.stages.baseline="{other}"' if own else '--config.estimator.baseline=rloo'
     raise UserError(
         f'micro-batches of one row (data.batch_size={b} / optim.grad_accum_steps={n}) make every '

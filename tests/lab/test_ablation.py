@@ -6,8 +6,10 @@ import math
 import numpy as np
 import pytest
 
+from tokjax import models
 from tokjax.errors import UserError
-from tokjax.lab import ablation
+from tokjax.lab import ablation, ladder
+from tokjax.models import boundaries as bd
 
 
 def _run(seed, unit_ce, overrides=(), last_greedy=0.95, documents=(0, 0, 1, 1)):
@@ -18,6 +20,7 @@ def _run(seed, unit_ce, overrides=(), last_greedy=0.95, documents=(0, 0, 1, 1)):
       'unit_ce': list(unit_ce),
       'unit_bytes': nbytes,
       'unit_documents': list(documents),
+      'unit_clusters': list(documents),
       'rate': 0.2 + 0.01 * seed,
       'whitespace_recall': 0.5 + 0.1 * seed,
   }
@@ -79,3 +82,38 @@ def test_variants_default_to_the_papers_table_and_take_new_ones():
     ablation.parse_variants(['gama1'])
   with pytest.raises(UserError, match='NAME:FIELD=VALUE'):
     ablation.parse_variants(['x:optim.lr'])
+
+
+def _flat(d, prefix=''):
+  out = {}
+  for k, v in d.items():
+    out.update(_flat(v, f'{prefix}{k}.') if isinstance(v, dict) else {prefix + k: v})
+  return out
+
+
+@pytest.mark.parametrize('variant', sorted(ablation.VARIANTS))
+def test_each_variant_differs_from_the_full_method_in_exactly_the_fields_it_names(variant):
+  """The built configs (ladder.build_config, what the runs train) against 'full''s, field by field."""
+  runs = ablation.plan(ablation.VARIANTS, [0], 4e6, 8e-3, 'shakespeare', tiny=False)
+  built = lambda name: _flat(ladder.build_config(runs[name][0]).to_dict())
+  full, mine = built(ablation.REFERENCE), built(variant)
+  assert set(mine) == set(full)
+  diff = {k: mine[k] for k in full if mine[k] != full[k]}
+  named = dict(item.split('=', 1) for item in ablation.VARIANTS[variant])
+  assert set(diff) == set(named)
+  assert {k: str(v).lower() for k, v in diff.items()} == {k: v.lower() for k, v in named.items()}
+
+
+def test_the_window_variants_measure_the_window_and_the_logit_apart():
+  """'w8' changes the window only and 'w1_scaled' the logit's form only (the policy module they
+  build), and 'w8_scaled' both: the paper's sequential policy, mapped to the paper's full row."""
+  runs = ablation.plan(ablation.VARIANTS, [0], 4e6, 8e-3, 'shakespeare', tiny=False)
+  policy = {
+      name: models.build_model(ladder.build_config(rs[0])).boundary for name, rs in runs.items()
+  }
+  form = lambda p: (p.window, bd.is_scaled(p.form, p.window))
+  assert form(policy['full']) == (1, False)
+  assert form(policy['w8']) == (8, False)
+  assert form(policy['w1_scaled']) == (1, True)
+  assert form(policy['w8_scaled']) == (8, True)
+  assert ablation.PAPER_ROW == {'full': 'w1', 'w8_scaled': 'full'}

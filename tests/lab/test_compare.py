@@ -110,9 +110,9 @@ def test_compare_runs_methods_end_to_end(tmp_path, toy_method):
   assert set(paired) == {(m, s) for m in SOME_METHODS[1:] for s in ('val', 'test')}
   for (m, split), p in paired.items():
     assert p['diff'] == pytest.approx(by[m][split]['bpb'] - by['policy'][split]['bpb'], abs=1e-9)
-    assert p['units'] == p['documents'] == 2
+    assert p['units'] == p['clusters'] == 2
     assert p['clustered_se'] == pytest.approx(p['se'], rel=1e-9)
-    assert p['verdict'] == significance.verdict(p['diff'], p['clustered_se'], None)
+    assert p['verdict'] == significance.judge(p['diff'], p['clustered_se'], 2)['verdict']
   assert '## Paired differences to policy' in table and '| clustered s.e. |' in table
   # The added rule, given its config section, trains without a policy gradient and hits its
   # definition on the held-out passage: every chunk but the last (closed by the forced final

@@ -1,5 +1,5 @@
-"""The budget ladder: paired statistics over matched seeds with the seed rule, a stopped ladder resuming
-exactly, and finished runs packed to their result.json."""
+"""The budget ladder: paired statistics over matched seeds and clusters judged by the rule, a stopped
+ladder resuming exactly, and finished runs packed to their result.json."""
 
 import json
 import math
@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from tokjax import significance
 from tokjax.config import files as config_files
@@ -19,11 +20,12 @@ from tokjax.errors import UserError
 from tokjax.lab import ladder, ladder_report
 
 
-def _result(method, seed, unit_ce, bpb, budget=1e6, documents=None):
+def _result(method, seed, unit_ce, bpb, budget=1e6, documents=None, clusters=None):
   nbytes = [100] * len(unit_ce)
   documents = list(range(len(unit_ce))) if documents is None else documents
   split = {'bpb': bpb, 'bpb_se': 0.01, 'unit_ce': unit_ce, 'unit_bytes': nbytes, 'rate': 0.2}
   split['unit_documents'] = documents
+  split['unit_clusters'] = documents if clusters is None else clusters
   return {
       'run': dict(method=method, budget=budget, seed=seed, seq_len=256, lr=2e-3),
       'val': dict(split),
@@ -37,31 +39,59 @@ def _result(method, seed, unit_ce, bpb, budget=1e6, documents=None):
   }
 
 
-def test_paired_over_seeds_averages_units_over_matching_seeds_and_clusters_them_by_document():
-  docs = [0, 0, 1, 2]  # Windows 0 and 1 belong to one document.
-  a = [
-      _result('hnet', s, ce, bpb, documents=docs)
-      for s, ce, bpb in ((0, [10.0, 20.0, 30.0, 5.0], 2.0), (1, [12.0, 22.0, 28.0, 6.0], 2.1))
-  ]
-  b = [
-      _result('policy', s, ce, bpb, documents=docs)
-      for s, ce, bpb in ((1, [11.0, 19.0, 27.0, 5.0], 2.05), (0, [9.0, 21.0, 33.0, 4.0], 1.9))
-  ]
-  b.append(_result('policy', 2, [1.0, 1.0, 1.0, 1.0], 0.5, documents=docs))  # hnet has no seed 2.
+def test_paired_over_seeds_averages_units_over_matching_seeds_and_clusters_them_by_work():
+  docs = [0, 1, 2, 3, 4]
+  works = [0, 0, 1, 2, 2]  # Windows of documents 0 and 1 (two pieces of one play) share a cluster.
+  ces = {
+      ('hnet', 0): [10.0, 20.0, 30.0, 5.0, 8.0],
+      ('hnet', 1): [12.0, 22.0, 28.0, 6.0, 9.0],
+      ('policy', 1): [11.0, 19.0, 27.0, 5.0, 9.0],
+      ('policy', 0): [9.0, 21.0, 33.0, 4.0, 7.0],
+  }
+  bpb = {('hnet', 0): 2.0, ('hnet', 1): 2.1, ('policy', 1): 2.05, ('policy', 0): 1.9}
+  run = lambda m, s: _result(m, s, ces[m, s], bpb[m, s], documents=docs, clusters=works)
+  a = [run('hnet', 0), run('hnet', 1)]
+  b = [run('policy', 1), run('policy', 0)]
+  b.append(_result('policy', 2, [1.0] * 5, 0.5, documents=docs, clusters=works))  # No hnet seed 2.
   p = ladder_report.paired_over_seeds(a, b, 'test')
-  want = significance.paired_difference(
-      np.mean([[10, 20, 30, 5], [12, 22, 28, 6]], axis=0),
-      np.mean([[9, 21, 33, 4], [11, 19, 27, 5]], axis=0),
-      [100] * 4,
-      docs,
-  )
+  mean = lambda m: np.mean([ces[m, 0], ces[m, 1]], axis=0)
+  want = significance.paired_difference(mean('hnet'), mean('policy'), [100] * 5, works)
   assert p['diff'] == pytest.approx(want['diff']) and p['se'] == pytest.approx(want['se'])
-  assert p['clustered_se'] == pytest.approx(want['clustered_se']) and p['documents'] == 3
+  assert p['clustered_se'] == pytest.approx(want['clustered_se']) and p['clusters'] == 3
+  by_doc = significance.paired_difference(mean('hnet'), mean('policy'), [100] * 5, docs)
+  assert p['clustered_se'] != pytest.approx(by_doc['clustered_se'])  # Works, not documents.
   # Seeds are matched by number, not by order: per-seed differences 2.0 - 1.9 and 2.1 - 2.05.
   seed_se = np.std([0.1, 0.05], ddof=1) / math.sqrt(2)
   assert p['seed_se'] == pytest.approx(seed_se) and p['seeds'] == [0, 1]
-  assert p['judged_se'] == pytest.approx(max(want['clustered_se'], seed_se))
-  assert p['verdict'] == significance.verdict(p['diff'], p['clustered_se'], p['seed_se'])
+  # The rule: both errors in quadrature, Welch-Satterthwaite df from 3 - 1 and 2 - 1, a t-test.
+  c = want['clustered_se']
+  combined = math.sqrt(c**2 + seed_se**2)
+  df = combined**4 / (c**4 / 2 + seed_se**4 / 1)
+  assert p['combined_se'] == pytest.approx(combined) and p['df'] == pytest.approx(df)
+  assert p['p'] == pytest.approx(2 * stats.t.sf(abs(p['diff']) / combined, df))
+  assert p['p'] == pytest.approx(0.822, abs=1e-3) and p['verdict'] == 'not found'
+  # A lead over ten seeds of little spread is found: nearly all the error is the seeds' (df 9).
+  shift = lambda s: 1.0 + 0.01 * (s % 2)  # Nats per window.
+  bpb_of = lambda ce: sum(ce) / 500 / math.log(2)
+  many_a = [[1.0 + shift(s) + w for w in range(5)] for s in range(10)]
+  many_b = [[1.0 + w + 0.001 * (w % 2) for w in range(5)] for s in range(10)]
+  q = ladder_report.paired_over_seeds(
+      [
+          _result('hnet', s, ce, bpb_of(ce), documents=docs, clusters=works)
+          for s, ce in enumerate(many_a)
+      ],
+      [
+          _result('policy', s, ce, bpb_of(ce), documents=docs, clusters=works)
+          for s, ce in enumerate(many_b)
+      ],
+      'test',
+  )
+  assert (
+      q['diff'] > 0
+      and q['df'] == pytest.approx(9, abs=0.5)
+      and q['p'] < 0.05
+      and q['verdict'] == 'found'
+  )
 
 
 def test_pairing_refuses_seed_sets_that_share_no_seed():
@@ -128,42 +158,47 @@ def _run_dir(out, method='policy'):
 
 
 def _noisy(method, seed, base, shift, budget):
-  """A run whose 4 windows (2 documents) are base + shift nats, the shift seed-dependent."""
+  """A run whose windows (two per document) are base + shift nats, the shift seed-dependent."""
   ce = [x + shift for x in base]
-  return _result(method, seed, ce, sum(ce) / 400 / math.log(2), budget, documents=[0, 0, 1, 1])
+  docs = [i // 2 for i in range(len(base))]
+  return _result(method, seed, ce, sum(ce) / 100 / len(ce) / math.log(2), budget, documents=docs)
 
 
 def test_trend_fits_each_paired_difference_over_budgets_and_checks_the_papers_ordering():
-  base = [10.0, 12.0, 9.0, 11.0]
-  results = [_noisy('policy', s, base, 0.0, b) for b in (1e6, 4e6) for s in (0, 1)]
-  results += [_noisy('bpe', s, base, -1.0, 1e6) for s in (0, 1)]
-  results += [_noisy('bpe', s, base, -0.5 - 0.1 * s, 4e6) for s in (0, 1)]
-  results += [_noisy(m, s, base, 1.0 + 0.1 * s, 4e6) for m in ('hnet', 'uniform') for s in (0, 1)]
+  base = [10.0, 12.0, 9.0, 11.0, 10.5, 11.5, 9.5, 12.5]  # 8 windows of 4 documents.
+  seeds = (0, 1, 2)
+  results = [_noisy('policy', s, base, 0.0, b) for b in (1e6, 4e6) for s in seeds]
+  results += [_noisy('bpe', s, base, -1.0, 1e6) for s in seeds]
+  results += [_noisy('bpe', s, base, -0.5 - 0.1 * (s % 2), 4e6) for s in seeds]
+  results += [
+      _noisy(m, s, base, 1.0 + 0.1 * (s % 2), 4e6) for m in ('hnet', 'uniform') for s in seeds
+  ]
   t = ladder_report.trend(ladder_report.summarize(results, 'policy'), 'policy')[256]
   nats_to_bpb = 1 / 100 / math.log(2)  # One nat more per 100-byte unit.
-  assert t['rungs'][1e6]['bpe'][0] == pytest.approx(-nats_to_bpb)
+  assert t['rungs'][1e6]['bpe']['diff'] == pytest.approx(-nats_to_bpb)
   slope, crossing = t['fits']['bpe']
   # Half the gap (and a bit) closes per 4x budget: the line reaches 0 one more 4x step on.
-  assert slope == pytest.approx(0.45 * nats_to_bpb) and crossing == pytest.approx(
-      4e6 * 4 ** (0.55 / 0.45)
+  shrink = 1 - 0.5 - 0.1 / 3  # The mean 4e6 gap is 0.5 + 0.1 / 3 nats.
+  assert slope == pytest.approx(shrink * nats_to_bpb) and crossing == pytest.approx(
+      4e6 * 4 ** ((1 - shrink) / shrink)
   )
   assert 'hnet' not in t['fits']  # One budget only: no line.
   # At 1e6 H-Net and uniform are missing; at 4e6 BPE-guided is found better than the policy.
-  assert t['rungs'][4e6]['bpe'][2] == 'found'
+  assert t['rungs'][4e6]['bpe']['verdict'] == 'found'
   assert t['ordering'] == {1e6: 'not all run', 4e6: 'does not hold'}
   results = [r for r in results if not (r['run']['method'] == 'bpe' and r['run']['budget'] == 4e6)]
-  results += [_noisy('bpe', s, base, 0.0, 4e6) for s in (0, 1)]
+  results += [_noisy('bpe', s, base, 0.0, 4e6) for s in seeds]
   t = ladder_report.trend(ladder_report.summarize(results, 'policy'), 'policy')[256]
   assert t['ordering'][4e6] == 'holds' and t['fits']['bpe'][1] is None  # At 0: nothing to reach.
   # With one seed the seed error is unknown: the same differences only count as 'one seed'.
   one = [r for r in results if r['run']['seed'] == 0]
   t = ladder_report.trend(ladder_report.summarize(one, 'policy'), 'policy')[256]
-  assert t['ordering'][4e6] == 'one seed' and t['rungs'][4e6]['hnet'][2] == 'one seed'
+  assert t['ordering'][4e6] == 'one seed' and t['rungs'][4e6]['hnet']['verdict'] == 'one seed'
   # A seed spread as large as the difference: H-Net's lead is no longer found.
   noisy = [r for r in results if r['run']['method'] != 'hnet']
-  noisy += [_noisy('hnet', s, base, 1.0 + 3.0 * s, 4e6) for s in (0, 1)]
+  noisy += [_noisy('hnet', s, base, 1.0 + 3.0 * s, 4e6) for s in seeds]
   t = ladder_report.trend(ladder_report.summarize(noisy, 'policy'), 'policy')[256]
-  assert t['rungs'][4e6]['hnet'][2] == 'not found' and t['ordering'][4e6] == 'does not hold'
+  assert t['rungs'][4e6]['hnet']['verdict'] == 'not found' and t['ordering'][4e6] == 'does not hold'
 
 
 @pytest.fixture(scope='module')
@@ -313,7 +348,7 @@ def test_bad_ladder_flags_get_one_line(tmp_path):
       (['--lr_table', str(tmp_path / 'nosuch.json')], 'nosuch.json: no such file'),
       (['--lr_table', str(bad_table)], 'is not a {method: lr} JSON object'),
       (['--cores_per_job', '3'], '--cores_per_job=3 must divide the batch of 16'),
-      (['--cores_per_job', '4', '--set', 'data.batch_size=6'], 'must divide the batch of 6'),
+      (['--cores_per_job', '4', '--batch_size', '6'], 'must divide the batch of 6'),
       (['--cores_per_job', '0'], '--cores_per_job=0 must be at least 1'),
       (['--corpus', str(tmp_path / 'nosuch')], 'does not exist'),
       (['--cross', str(tmp_path / 'nosuch')], 'does not exist'),

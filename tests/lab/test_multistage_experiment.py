@@ -77,13 +77,15 @@ def test_multistage_trains_runs_at_equal_flops_and_reports_each_level(tmp_path):
   for split, p in paired.items():
     a, b = by['learned'][split], by['one_stage'][split]
     assert p['diff'] == pytest.approx(a['bpb'] - b['bpb'], abs=1e-9)
-    assert p['documents'] == a['documents'] < p['units']
+    assert p['clusters'] == a['documents'] < p['units']
     per_doc = lambda x, d=a['unit_documents']: np.bincount(d, weights=x)
     by_doc = significance.paired_difference(
         per_doc(a['unit_ce']), per_doc(b['unit_ce']), per_doc(a['unit_bytes'])
     )
     assert p['clustered_se'] == pytest.approx(by_doc['se'], rel=1e-9)
-    assert p['verdict'] == significance.verdict(p['diff'], p['clustered_se'], None)
+    assert (
+        p['verdict'] == significance.judge(p['diff'], p['clustered_se'], p['clusters'])['verdict']
+    )
   assert '## Paired differences to the one-stage run' in readme and '| clustered s.e. |' in readme
 
 

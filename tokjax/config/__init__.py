@@ -4,4 +4,5 @@ defaults.py    every field with its default and a comment (`base_config`); confi
 presets.py     the paper's model sizes and two-stage layouts built on the defaults.
 files.py       loading configs/NAME.py[:VARIANT] and setting fields from the command line.
 validation.py  one check of a whole config before any work (`validate`): one line per bad field.
+saved.py       a config saved by an earlier version read in this version's fields (`upgrade`).
 """

@@ -6,6 +6,8 @@ overridden on the command line (`--config.model.d_model=256`). Elsewhere:
                                 section is checked by the code that reads it)
   tokjax/config/presets.py      the paper's sizes and the smoke-test shrink `tiny`
   tokjax/config/files.py        named variants of config files (`FILE.py:NAME`) and `load(name)`
+  tokjax/config/saved.py        saved configs read onto these defaults: a new field's default must
+                                keep what the code did before it; a rename adds a `MIGRATIONS` entry
   tokjax/models/stage_views.py  config.model.stages and config.stages as each stage reads them
 """
 

@@ -47,7 +47,7 @@ def _check_sections(config) -> None:
     for key in config[section].keys():
       if key in base[section]:
         continue
-      if section == 'boundary' and key == config.boundary.get('method'):
+      if section == 'boundary' and key == config.boundary.method:
         registry.get(key)  # The section of the chosen method: say that the method is unknown.
       raise UserError(
           f'config.{section}.{key} is not a field; config.{section} has '

@@ -18,12 +18,18 @@ pseudo-documents at newlines, because train/val/test splits are by document.
 
 import ast
 from collections.abc import Iterable, Iterator
+import functools
 import glob
+import hashlib
 import json
 import lzma
 import os
 from pathlib import Path
+import re
 import sysconfig
+
+from absl import logging
+import numpy as np
 
 from tokjax.errors import UserError
 
@@ -31,7 +37,7 @@ from tokjax.errors import UserError
 # the data folder is this module's policy, read by prepare and shards too.
 CORPUS_FILES = {"shakespeare": "shakespeare.txt", "bible": "bible.txt"}
 # The downloaded corpora that also ship with tokjax, xz-compressed beside this module, and the sha256
-# of their bytes: a prepared copy in the cache is read first, this one where there is none.
+# of their bytes: a prepared copy in the cache is read only when it holds these bytes.
 EMBEDDED = {
     "shakespeare": (
         "shakespeare.txt.xz",
@@ -85,6 +91,69 @@ def split_long_document(doc: bytes, target_bytes: int = 32768) -> list[bytes]:
   if start < len(doc):
     pieces.append(doc[start:])
   return pieces
+
+
+# Each of Shakespeare's works opens with its title on the line before this one (glued to the end of
+# the previous work, as in "[Exeunt.]AS YOU LIKE IT"), where some works close on "THE END".
+_SHAKESPEARE_BYLINE = re.compile(rb"\n\n?by William Shakespeare\n")
+_TITLE_AT_LINE_END = re.compile(rb"[A-Z][A-Z0-9 ,;'.]*$")
+
+
+def shakespeare_works(text: bytes) -> list[tuple[int, str]]:
+  """(offset, title) of each work (play or poem) in the shakespeare corpus's text, in file order:
+  where its title starts, found from the byline under it."""
+  works = []
+  for m in _SHAKESPEARE_BYLINE.finditer(text):
+    line_start = text.rfind(b"\n", 0, m.start()) + 1
+    title = _TITLE_AT_LINE_END.search(text, line_start, m.start())
+    start = title.start() if title else line_start
+    if text.startswith(b"THE END", start) and start + 7 < m.start():
+      start += 7  # The closing words of the previous work, not part of this title.
+    works.append((start, text[start : m.start()].decode()))
+  return works
+
+
+def document_clusters(spec: str, docs, data_dir: str | None = None) -> list[int]:
+  """The independent unit of the corpus `spec` each of `docs` (documents of any of its splits)
+  comes from, as an index in the corpus: the unit of a clustered standard error
+  (`tokjax.significance.paired_difference`), since pieces cut from one unit share its text.
+
+  For "shakespeare" a unit is a work, play or poem (`shakespeare_works`; a piece that spans two
+  works belongs to the one with more of its bytes); for "stdlib" a source file; for "stdlib_docs"
+  one module's docstrings or one pydoc topic; for any other spec a document as its source yields
+  it (a file, a table row) before `split_long_document` cuts it. Identical documents share the
+  first one's unit. UserError when a document is not one of the corpus's.
+  """
+  unit_of = _unit_of_document(spec, data_dir)
+  out = []
+  for i, doc in enumerate(docs):
+    unit = unit_of.get(bytes(doc))
+    if unit is None:
+      raise UserError(
+          f"document {i} ({len(doc)} bytes) is not a document of corpus {spec!r}; "
+          "pass the documents of that corpus's splits"
+      )
+    out.append(unit)
+  return out
+
+
+@functools.lru_cache(maxsize=4)
+def _unit_of_document(spec: str, data_dir: str | None) -> dict[bytes, int]:
+  unit_of = {}
+  for i, raw in enumerate(_raw_documents(spec, data_dir)):
+    pieces = split_long_document(raw)
+    if spec == "shakespeare":
+      starts = [w for w, _ in shakespeare_works(raw)]
+      offsets = np.cumsum([0] + [len(p) for p in pieces])
+      for piece, lo, hi in zip(pieces, offsets[:-1], offsets[1:]):
+        # Bytes of the piece in each work: work k spans [starts[k], starts[k + 1]).
+        bounds = np.clip(np.array(starts[1:] + [len(raw)]), lo, hi)
+        inside = np.diff(np.concatenate([[lo], bounds]))
+        unit_of.setdefault(piece, int(np.argmax(inside)))
+    else:
+      for piece in pieces:
+        unit_of.setdefault(piece, i)
+  return unit_of
 
 
 def stdlib_files() -> list[Path]:
@@ -186,10 +255,10 @@ def _raw_documents(spec: str, data_dir: str | None) -> Iterator[bytes]:
     return stdlib_docstrings()
   if spec in CORPUS_FILES:
     path = corpus_path(spec, data_dir)
+    if spec in EMBEDDED:
+      return iter([_shipped_bytes(spec, path)])
     if path.is_file():
       return iter([path.read_bytes()])
-    if spec in EMBEDDED:
-      return iter([embedded_bytes(spec)])
     raise UserError(
         f"corpus {spec!r} is not prepared ({path} is missing); run "
         f"`python -m tokjax.data.prepare {spec}` first"
@@ -197,6 +266,27 @@ def _raw_documents(spec: str, data_dir: str | None) -> Iterator[bytes]:
   if spec.startswith("hf:"):
     return _hf_documents(spec)
   return _local_documents(spec)
+
+
+def _shipped_bytes(name: str, path: Path) -> bytes:
+  """The corpus `name` as shipped, read from its prepared copy at path when that copy holds the same
+  bytes (EMBEDDED's sha256). A copy that differs (an older download, an edited file) is left unread
+  with a warning: a stale cache must not change what a config trains on unless the user names it."""
+  if path.is_file():
+    data = path.read_bytes()
+    digest, shipped = hashlib.sha256(data).hexdigest(), EMBEDDED[name][1]
+    if digest == shipped:
+      return data
+    logging.warning(
+        "corpus %r: %s differs from the copy shipped with tokjax (sha256 %s..., not %s...), so the "
+        "shipped copy is read; to train on that file name it: --config.data.corpus=%s",
+        name,
+        path,
+        digest[:12],
+        shipped[:12],
+        path,
+    )
+  return embedded_bytes(name)
 
 
 def embedded_bytes(name: str) -> bytes:

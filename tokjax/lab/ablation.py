@@ -5,12 +5,16 @@ r"""The paper's ablation table at a budget a CPU affords: the policy trained wit
 Every variant is the proxy's policy run (configs/proxy.py: configs/compare.py:policy on Shakespeare,
 4e6 training bytes, lr 8e-3, the ladder's run field for field) with one change (`VARIANTS`): the
 discount gamma = 1, no batch-relative advantage (raw returns), no early-exit reward (reward -CE_full),
-the sequential policy w = 8 (the proxy's is the independent w = 1), no rate loss. Runs are ladder runs
+no rate loss, and the window apart from the logit's form (tokjax/models/boundaries.py): the proxy's
+policy is w = 1 with the plain logit v + b; 'w8' is w = 8 with that logit (the window alone),
+'w1_scaled' w = 1 with w = 8's scale 1/16 and soft cap (the parametrisation alone) and 'w8_scaled'
+both (the paper's sequential policy, what 'w8' was before the split). Runs are ladder runs
 (tokjax/lab/ladder.py: the same scheduler, resume, --jobs and packing), scored on the test split with
 sampled and greedy boundaries; each variant is paired against 'full' on the same test windows with
-the window, document-clustered and seed errors, and judged by the seed rule (`significance.verdict`).
---variants NAME:FIELD=VALUE adds a variant of your own; --budget, --lr, --corpus and --set
-FIELD=VALUE move the whole table (the main job: `--corpus stdlib_docs --budget 2457600 --lr 2e-3`).
+the window, clustered and seed errors, and judged by `significance.judge`.
+--variants NAME:FIELD=VALUE adds a variant of your own; --budget, --lr, --corpus, --seq_len,
+--batch_size and --set FIELD=VALUE move the whole table (the main job: `--corpus stdlib_docs
+--budget 2457600 --lr 2e-3`).
 
 OUT gets results.json (every number of the table), README-ready markdown on stdout with the paper's
 numbers beside tokjax's, and ablation.png: validation whitespace recall over training per variant
@@ -34,13 +38,20 @@ VARIANTS = {
     'gamma1': ('estimator.gamma=1.0',),
     'no_batch_relative': ('estimator.baseline=none',),
     'no_early_exit': ('estimator.reward=plain',),
-    'w8': ('boundary.policy.window=8',),
+    # The window alone: w = 8 with w = 1's plain logit (no scale, no soft cap).
+    'w8': ('boundary.policy.window=8', 'boundary.policy.form=plain'),
+    # Window and parametrisation: 'auto' at w = 8 is the scaled, softcapped logit (the paper's
+    # policy). The same overrides as the runs of 'w8' before the split, so they are its runs.
+    'w8_scaled': ('boundary.policy.window=8',),
+    # The parametrisation alone: w = 1 with w = 8's scale and soft cap.
+    'w1_scaled': ('boundary.policy.form=scaled',),
     # Nothing holds the rate down: room for a chunk per byte (the trainer refuses less).
     'no_rate_loss': ('estimator.rate_loss=false', 'model.capacity=256'),
 }
 REFERENCE = 'full'
 # The paper's ablation table (40M parameters on FineWeb; its full method is the sequential w = 8
-# policy, so its 'w = 1' row is tokjax's 'full' and its 'full' row is tokjax's 'w8').
+# policy, so its 'w = 1' row is tokjax's 'full' and its 'full' row is tokjax's 'w8_scaled'; the
+# one-factor variants 'w8' and 'w1_scaled' have no row there).
 PAPER = {
     'full': {'bpb': 1.548, 'whitespace_recall': 0.99, 'row': 'full (w = 8)'},
     'gamma1': {'bpb': 1.542, 'whitespace_recall': 0.41, 'row': 'gamma = 1'},
@@ -50,17 +61,50 @@ PAPER = {
     'no_rate_loss': {'bpb': 1.39, 'rate': 1.0, 'row': 'no rate loss'},
 }
 # tokjax's variant -> the paper's row it corresponds to.
-PAPER_ROW = {'full': 'w1', 'w8': 'full'}
+PAPER_ROW = {'full': 'w1', 'w8_scaled': 'full'}
+# What a row keeps of its `ladder_report.paired_over_seeds`.
+PAIRED_KEYS = (
+    'diff',
+    'se',
+    'clustered_se',
+    'clusters',
+    'seed_se',
+    'combined_se',
+    'df',
+    'p',
+    'verdict',
+)
 # Greedy whitespace recall at the last evaluation that counts as "learned words".
 WORDS_FOUND = 0.9
 
 
-def plan(variants: dict, seeds, budget: float, lr: float, corpus: str, tiny: bool) -> dict:
-  """{variant: [ladder.Run per seed]}: the policy run with each variant's overrides."""
-  seq_len = common.compare_config('policy', corpus, tiny=tiny).data.seq_len
+def plan(
+    variants: dict,
+    seeds,
+    budget: float,
+    lr: float,
+    corpus: str,
+    tiny: bool,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+) -> dict:
+  """{variant: [ladder.Run per seed]}: the policy run with each variant's overrides, at seq_len
+  bytes and batch_size sequences per step (None: the config's)."""
+  seq_len = seq_len or common.compare_config('policy', corpus, tiny=tiny).data.seq_len
+  batch = ladder.run_batch(batch_size, corpus, tiny)
   return {
       name: [
-          ladder.Run('policy', float(budget), int(s), seq_len, float(lr), tuple(o), corpus, tiny)
+          ladder.Run(
+              'policy',
+              float(budget),
+              int(s),
+              int(seq_len),
+              float(lr),
+              tuple(o),
+              corpus,
+              tiny,
+              batch,
+          )
           for s in seeds
       ]
       for name, o in variants.items()
@@ -115,7 +159,7 @@ def summarize(results: dict, reference: str = REFERENCE) -> list[dict]:
     }
     if name != reference and ref:
       p = ladder_report.paired_over_seeds(rs, ref, 'test')
-      row['paired'] = {k: p[k] for k in ('diff', 'se', 'clustered_se', 'seed_se', 'verdict')}
+      row['paired'] = {k: p[k] for k in PAIRED_KEYS}
     rows.append(row)
   return rows
 
@@ -141,7 +185,7 @@ def markdown(rows, meta) -> list[str]:
   for r in rows:
     paper = PAPER.get(PAPER_ROW.get(r['variant'], r['variant']), {})
     p = r.get('paired')
-    diff = ladder_report.paired_cells(p, 3) if p else ' | | | | '
+    diff = ladder_report.paired_cells(p) if p else ' | | | | | | | '
     seed_se = f" +- {r['test_bpb_seed_se']:.3f}" if r['test_bpb_seed_se'] is not None else ''
     cells.append(
         f"{r['variant']} | {len(r['seeds'])} | {r['test_bpb']:.3f}{seed_se} | {diff} | "
@@ -152,12 +196,12 @@ def markdown(rows, meta) -> list[str]:
   return [
       f"Ablation at {meta['budget']:.3g} training bytes on {meta['corpus']} (lr {meta['lr']:g}); "
       f"test split; means over seeds; difference to {meta['reference']} paired on the same "
-      'windows, with its window, document-clustered and seed standard errors; "found" when beyond '
-      f'{significance.FOUND_BY:g} x the larger of the clustered and seed errors.',
+      "windows, with its window, clustered (the corpus's independent units) and seed standard "
+      f'errors; {significance.RULE}.',
       '',
       *common.table(
-          'variant | seeds | test bpb (+- seed s.e.) | minus full | window s.e. | clustered s.e. '
-          '| seed s.e. | verdict | rate | ws recall sampled | ws recall greedy | greedy >= '
+          f'variant | seeds | test bpb (+- seed s.e.) | minus full | {ladder_report.PAIRED_HEADER} '
+          '| rate | ws recall sampled | ws recall greedy | greedy >= '
           f'{WORDS_FOUND:g} at last eval | paper row | paper bpb | paper ws recall',
           cells,
       ),
@@ -226,8 +270,11 @@ def main(argv):
     seeds = [int(s) for s in f.seeds]
   except ValueError:
     raise UserError(f'--seeds takes integers, e.g. 0,1,2 (got {",".join(f.seeds)}).') from None
+  for flag in ('seq_len', 'batch_size'):
+    if getattr(f, flag) is not None and getattr(f, flag) < 1:
+      raise UserError(f'--{flag}={getattr(f, flag)} must be at least 1.')
   variants = {name: tuple(f.set) + tuple(o) for name, o in variants.items()}
-  runs = plan(variants, seeds, f.budget, f.lr, f.corpus, f.tiny)
+  runs = plan(variants, seeds, f.budget, f.lr, f.corpus, f.tiny, f.seq_len, f.batch_size)
   for rs in runs.values():
     ladder.build_config(rs[0])  # Bad overrides stop here with one line, before any run starts.
   base = ladder.build_config(runs[REFERENCE][0])
@@ -249,6 +296,8 @@ def main(argv):
       'corpus': f.corpus,
       'budget': float(f.budget),
       'lr': float(f.lr),
+      'seq_len': int(base.data.seq_len),
+      'batch_size': int(base.data.batch_size),
       'reference': REFERENCE,
       'command': 'python -m tokjax.lab.ablation '
       + ' '.join(a for a in sys.argv[1:] if a not in ('--report', '--resume')),
@@ -274,6 +323,10 @@ def define_flags():
   flags.DEFINE_string('corpus', 'shakespeare', 'Corpus spec (see tokjax/data/corpora.py).')
   flags.DEFINE_float('budget', 4e6, 'Training bytes per run.')
   flags.DEFINE_float('lr', 8e-3, 'Learning rate of every run.')
+  flags.DEFINE_integer('seq_len', None, "Bytes per sequence of every run (default: the config's).")
+  flags.DEFINE_integer(
+      'batch_size', None, "Sequences per step of every run (default: the config's)."
+  )
   flags.DEFINE_bool('tiny', False, 'Smoke-test model size (configs/compare.py:policy,tiny).')
   flags.DEFINE_integer('jobs', 1, 'Runs side by side, each pinned to its own core.')
   flags.DEFINE_bool('resume', False, 'Continue unfinished runs from their checkpoints.')

@@ -170,15 +170,16 @@ def evaluate_documents(
   return ckpt.evaluator.run(ckpt.params, docs, key, modes=(mode,), **kwargs)[mode]
 
 
-def paired_one_seed(a: dict, b: dict, docs, unit_bytes: int) -> dict:
+def paired_one_seed(a: dict, b: dict, docs, unit_bytes: int, doc_clusters=None) -> dict:
   """Run a minus run b (one seed each) on the same units of one split (`evaluate_documents`
-  results over docs): `significance.paired_difference` clustered by document, with the verdict of
-  the seed rule, which one seed leaves without a seed error (seed_se None). Results scored before
-  the evaluator recorded each unit's document get it derived the same way from docs."""
-  documents = a.get('unit_documents', significance.unit_documents(docs, unit_bytes))
-  p = significance.paired_difference(a['unit_ce'], b['unit_ce'], a['unit_bytes'], documents)
-  verdict = significance.verdict(p['diff'], p['clustered_se'], None)
-  return p | {'seed_se': None, 'judged_se': p['clustered_se'], 'verdict': verdict}
+  results over docs): `significance.paired_difference` clustered by document, or by doc_clusters
+  (int[len(docs)], the cluster of each document: `corpora.document_clusters`), judged by
+  `significance.judge` with one seed (seed_se None). Results scored before the evaluator recorded
+  each unit's document get it derived the same way from docs."""
+  documents = np.asarray(a.get('unit_documents', significance.unit_documents(docs, unit_bytes)))
+  clusters = documents if doc_clusters is None else np.asarray(doc_clusters)[documents]
+  p = significance.paired_difference(a['unit_ce'], b['unit_ce'], a['unit_bytes'], clusters)
+  return p | {'seed_se': None} | significance.judge(p['diff'], p['clustered_se'], p['clusters'])
 
 
 def paragraph(docs, length: int) -> bytes:

@@ -61,8 +61,8 @@ UNIT_BYTES = 2048  # Paired units: windows of this many bytes of each document.
 
 
 def paired_rows(results, docs_by_split, reference='policy') -> list[dict]:
-  """Each method minus `reference` on the same val/test windows, clustered by document, with the
-  verdict of the seed rule (`common.paired_one_seed`; one seed): one dict per (method, split)."""
+  """Each method minus `reference` on the same val/test windows, clustered by document, judged by
+  `significance.judge` with one seed (`common.paired_one_seed`): one dict per (method, split)."""
   by = {r['method']: r for r in results}
   if reference not in by:
     return []
@@ -116,16 +116,15 @@ def write_outputs(out_dir, results, meta, passage, paired=()):
         f'Method minus {paired[0]["reference"]} in bits-per-byte on the same bytes, paired per '
         f'window of {UNIT_BYTES} bytes of each document, with the standard error over windows and '
         'over documents (clustered: the window differences summed per document; ratio estimator). '
-        f'A difference is found only beyond {significance.FOUND_BY:g} times the larger of the '
-        'clustered and the seed s.e.; one seed leaves the seed s.e. unknown, so a difference '
-        f'beyond {significance.FOUND_BY:g} clustered s.e. reads "one seed".',
+        f'A difference is {significance.RULE}.',
         '',
         *common.table(
             'method | split | windows | documents | difference (bpb) | window s.e. | '
-            'clustered s.e. | verdict',
+            'clustered s.e. | df | p | verdict',
             (
-                f'{p["method"]} | {p["split"]} | {p["units"]} | {p["documents"]} | '
-                f'{p["diff"]:+.4f} | {fmt(p["se"])} | {fmt(p["clustered_se"])} | {p["verdict"]}'
+                f'{p["method"]} | {p["split"]} | {p["units"]} | {p["clusters"]} | '
+                f'{p["diff"]:+.4f} | {fmt(p["se"])} | {fmt(p["clustered_se"])} | {fmt(p["df"], 1)} | '
+                f'{significance.format_p(p["p"])} | {p["verdict"]}'
                 for p in paired
             ),
         ),

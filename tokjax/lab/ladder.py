@@ -559,6 +559,30 @@ def check_corpora(corpora, data) -> None:
     next(corpora_lib.iter_documents(corpus, data_dir=data.data_dir or None))
 
 
+def cross_shared(corpus: str, cross, config, allow: bool) -> dict[str, float]:
+  """{cross corpus: share of its test split's windows found verbatim in `corpus`'s training split}
+  (`overlap.verbatim_share`). UserError for a share above `overlap.MAX_SHARE` unless `allow`: such a
+  set is not out of domain."""
+  from tokjax.data import overlap  # pylint: disable=g-import-not-at-top
+
+  if not cross:
+    return {}
+  train = _splits(config, corpus)['train']
+  shares = {}
+  for name in cross:
+    if name == corpus:
+      continue
+    share, _ = overlap.verbatim_share(_splits(config, name)['test'], train)
+    if share > overlap.MAX_SHARE and not allow:
+      raise UserError(
+          f'--cross {name}: {share:.1%} of its test windows of {overlap.WINDOW_BYTES} bytes occur '
+          f'verbatim in the training split of {corpus} (more than {overlap.MAX_SHARE:.0%}), so it '
+          'is not out of domain; drop it from --cross or pass --allow_shared_cross.'
+      )
+    shares[name] = share
+  return shares
+
+
 # -- the command ------------------------------------------------------------------------------------
 
 
@@ -653,6 +677,7 @@ def main(argv):
             '(each core takes an equal share), e.g. 1, 2 or 4.'
         )
   check_corpora([f.corpus, *f.cross], base.data)  # Before any worker starts.
+  shared = cross_shared(f.corpus, f.cross, base, f.allow_shared_cross)
   os.makedirs(os.path.join(f.out, 'runs'), exist_ok=True)
   os.environ.setdefault(
       'JAX_COMPILATION_CACHE_DIR', os.path.expanduser('~/.cache/tokjax/xla-ladder')
@@ -675,6 +700,8 @@ def main(argv):
       'batch_size': int(batch_size),  # Of every run (--batch_size, else the config's).
       'runs': len(runs),
       'finished': len(results),
+      # Share of each cross set's test windows found verbatim in the training split.
+      'cross_shared': shared,
   }
   if results:
     sweep = len(lrs_grid) > 1 and len(budgets) == len(seq_lens) == 1  # One rung, several lrs.
@@ -705,6 +732,11 @@ def define_flags():
   )
   flags.DEFINE_multi_string('set', [], 'FIELD=VALUE config override for every method.')
   flags.DEFINE_list('cross', [], 'Also score every run on the test split of these corpora.')
+  flags.DEFINE_bool(
+      'allow_shared_cross',
+      False,
+      'Score on --cross sets that share more than 1% of their text with the training split.',
+  )
   flags.DEFINE_bool('tiny', False, 'Smoke-test model size (configs/compare.py:METHOD,tiny).')
   flags.DEFINE_string('reference', 'policy', 'Method the paired differences are taken against.')
   flags.DEFINE_integer(

@@ -3,10 +3,11 @@
 Every row is a (budget, seq_len, method, lr) over the seeds it shares with the reference method at
 its best lr (`summarize`): the test and val means, the out-of-domain means and the paired difference
 all use that one matched seed set. A paired difference (`paired_over_seeds`) carries three errors:
-over windows (`se`), over documents (`clustered_se`: the window differences summed per document) and
-over seeds (`seed_se`); it counts as found only beyond `significance.FOUND_BY` times the larger of the
-clustered and the seed error (`significance.verdict`), and the paper's ordering is judged by that rule
-(`trend`). A learning rate is picked on val over the seeds that all of a method's rates share.
+over windows (`se`), over the corpus's independent units (`clustered_se`: the window differences
+summed per cluster, `tokjax.data.corpora.document_clusters`: a play or poem of Shakespeare, a source
+file of stdlib) and over seeds (`seed_se`); it is judged by `significance.judge` (the clustered and
+seed errors in quadrature, a t-test with Welch-Satterthwaite df), and the paper's ordering by that
+rule (`trend`). A learning rate is picked on val over the seeds that all of a method's rates share.
 """
 
 import math
@@ -15,6 +16,7 @@ import os
 import numpy as np
 
 from tokjax import significance
+from tokjax.data import corpora
 from tokjax.errors import UserError
 from tokjax.lab import common
 
@@ -22,6 +24,8 @@ from tokjax.lab import common
 PAPER_AT_OR_BELOW = ('bpe',)
 # ... and below these by a found paired difference.
 PAPER_BELOW = ('hnet', 'uniform')
+# What `trend` keeps of each paired difference.
+TREND_KEYS = ('diff', 'combined_se', 'df', 'p', 'verdict')
 RATE_TOLERANCE = (
     0.02  # A chunked method's realised rate counts as matched within this of the target.
 )
@@ -121,9 +125,9 @@ def _mean(xs):
 def paired_over_seeds(runs_a, runs_b, split) -> dict:
   """a - b on the same units of `split` ('val', 'test' or a corpus scored out of domain), over the
   seeds both have: per-unit CE averaged over those seeds, then `significance.paired_difference` with
-  each unit's document (the split's 'unit_documents'). 'seed_se': the s.e. of the per-seed
-  differences (None with one seed); 'judged_se' and 'verdict': `significance.judged_se`, `verdict`.
-  UserError when no seed of a is one of b's."""
+  each unit's cluster (the split's 'unit_clusters', `with_documents`). 'seed_se': the s.e. of the
+  per-seed differences (None with one seed); 'combined_se', 'df', 't', 'p' and 'verdict':
+  `significance.judge` of the difference. UserError when no seed of a is one of b's."""
   by_seed_b = {r['run']['seed']: r for r in runs_b}
   pairs = [(a, by_seed_b[a['run']['seed']]) for a in runs_a if a['run']['seed'] in by_seed_b]
   if not pairs:
@@ -133,19 +137,19 @@ def paired_over_seeds(runs_a, runs_b, split) -> dict:
         'seed: a paired difference needs the same seed on both sides.'
     )
   first = _split(pairs[0][0], split)
-  if 'unit_documents' not in first:
-    raise ValueError(f'{split} results without unit_documents: read them with ladder.load_results')
+  if 'unit_clusters' not in first:
+    raise ValueError(f'{split} results without unit_clusters: read them with ladder.load_results')
   ce_a = np.mean([_split(a, split)['unit_ce'] for a, _ in pairs], axis=0)
   ce_b = np.mean([_split(b, split)['unit_ce'] for _, b in pairs], axis=0)
-  out = significance.paired_difference(ce_a, ce_b, first['unit_bytes'], first['unit_documents'])
+  out = significance.paired_difference(ce_a, ce_b, first['unit_bytes'], first['unit_clusters'])
   per_seed = [_split(a, split)['bpb'] - _split(b, split)['bpb'] for a, b in pairs]
   out['seeds'] = [a['run']['seed'] for a, _ in pairs]
   out['seed_se'] = (
       float(np.std(per_seed, ddof=1) / math.sqrt(len(pairs))) if len(pairs) > 1 else None
   )
-  out['judged_se'] = significance.judged_se(out['clustered_se'], out['seed_se'])
-  out['verdict'] = significance.verdict(out['diff'], out['clustered_se'], out['seed_se'])
-  return out
+  return out | significance.judge(
+      out['diff'], out['clustered_se'], out['clusters'], out['seed_se'], len(pairs)
+  )
 
 
 def ordering(ds: dict) -> str:
@@ -169,7 +173,8 @@ def trend(rows, reference: str) -> dict:
   """How each method's paired difference to the reference moves with the budget.
 
   rows: `summarize`'s; the best lr of each (method, budget, seq_len) is kept. Per seq_len: 'rungs':
-  {budget: {method: (diff, judged s.e., verdict)}}, 'ordering': {budget: `ordering`}, and 'fits':
+  {budget: {method: {'diff', 'combined_se', 'df', 'p', 'verdict'} of its `paired_over_seeds`}},
+  'ordering': {budget: `ordering`}, and 'fits':
   {method: (slope, crossing)} for methods at >= 2 budgets: the least-squares slope of the difference
   per 4x budget, and the budget at which that line reaches 0 beyond the top rung (None if it moves
   away from 0). A straight line in log budget through a few rungs is an extrapolation, not a
@@ -182,12 +187,11 @@ def trend(rows, reference: str) -> dict:
     for r in best:
       pairs.setdefault(r['budget'], {})[r['method']] = r['paired']
     rungs = {
-        b: {m: (p['diff'], p['judged_se'], p['verdict']) for m, p in ds.items()}
-        for b, ds in pairs.items()
+        b: {m: {k: p[k] for k in TREND_KEYS} for m, p in ds.items()} for b, ds in pairs.items()
     }
     fits = {}
     for m in sorted({m for ds in rungs.values() for m in ds}):
-      pts = sorted((b, ds[m][0]) for b, ds in rungs.items() if m in ds)
+      pts = sorted((b, ds[m]['diff']) for b, ds in rungs.items() if m in ds)
       if len(pts) < 2:
         continue
       x = np.log([b for b, _ in pts]) / math.log(4.0)
@@ -207,15 +211,15 @@ def trend(rows, reference: str) -> dict:
 
 
 def rule_text(ref: str) -> str:
-  """The seed rule and the paired errors, as the report states them."""
+  """The rule and the paired errors, as the report states them."""
   return (
       f'"paired" is the method minus `{ref}` on the same units (windows of each document; per-unit '
       'CE averaged over the seeds both have) with three standard errors: over windows ("window"), '
-      'over documents ("clustered": the window differences summed per document, ratio estimator) '
-      'and over the per-seed differences ("seed", two seeds or more). A difference is **found** '
-      f'only when it exceeds {significance.FOUND_BY:g} times the larger of the clustered and the seed '
-      f's.e.; "one seed": beyond {significance.FOUND_BY:g} clustered s.e., but one seed leaves the '
-      'seed s.e. unknown.'
+      'over the corpus\'s independent units ("clustered": the window differences summed per play '
+      'or poem of Shakespeare, per source file of stdlib, per module or pydoc topic of '
+      'stdlib_docs; ratio estimator) and over the per-seed differences ("seed", two seeds or '
+      f'more). "combined" is the clustered and seed s.e. in quadrature. A difference is '
+      f'**{significance.RULE}**.'
   )
 
 
@@ -228,13 +232,17 @@ def _trend_lines(trends, meta) -> list[str]:
     methods = sorted({m for ds in t['rungs'].values() for m in ds})
     if len(budgets) < 2:
       continue
-    cell = lambda d: f'{d[0]:+.4f} +- {d[1]:.4f} ({d[2]})' if d else '-'
+    cell = (
+        lambda d: f'{d["diff"]:+.4f} +- {d["combined_se"]:.4f}, p {fmt_p(d["p"])} ({d["verdict"]})'
+        if d
+        else '-'
+    )
     lines += [
         '',
         f'## Trend (L = {L})',
         '',
-        f'Paired difference to `{ref}` (method minus {ref}, +- the larger of the clustered and the '
-        'seed s.e., and its verdict) at each budget, its least-squares slope per 4x budget, and '
+        f'Paired difference to `{ref}` (method minus {ref}, +- its combined s.e., its p and '
+        'verdict) at each budget, its least-squares slope per 4x budget, and '
         'the budget at which that line reaches 0 (an extrapolation of a straight line in log '
         'budget: "-" where it moves away from 0). '
         f"The paper's ordering ({ref} not found worse than {', '.join(PAPER_AT_OR_BELOW)}, found "
@@ -270,19 +278,30 @@ def _rate_cell(rate, meta) -> str:
   return f'{rate:.3f}' + (' (off)' if off else '')
 
 
+PAIRED_HEADER = 'window s.e. | clustered s.e. | seed s.e. | combined s.e. | df | p | verdict'
+
+
 def paired_cells(p, digits: int = 4) -> str:
-  """'diff | window s.e. | clustered s.e. | seed s.e. | verdict' of a paired difference."""
+  """'diff | ' and PAIRED_HEADER's cells of a paired difference, each from the value the verdict
+  used."""
   fmt = common.fmt
   return (
       f'{p["diff"]:+.{digits}f} | {fmt(p["se"], digits)} | {fmt(p["clustered_se"], digits)} | '
-      f'{fmt(p["seed_se"], digits)} | {p["verdict"]}'
+      f'{fmt(p["seed_se"], digits)} | {fmt(p["combined_se"], digits)} | {fmt(p["df"], 1)} | '
+      f'{fmt_p(p["p"])} | {p["verdict"]}'
   )
+
+
+def fmt_p(p) -> str:
+  """`significance.format_p`, '-' where there is none."""
+  return '-' if p is None else significance.format_p(p)
 
 
 def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
   """results.json, ladder.png and (markdown) results.md."""
   fmt = common.fmt
   ref = meta['reference']
+  batch = meta.get('batch_size', 16)  # Tables written before the ladder took --batch_size: 16.
   lines = [
       f'# Budget ladder on `{meta["corpus"]}`',
       '',
@@ -290,8 +309,9 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
       '',
       f'    {meta["command"]}',
       '',
-      f'Model: configs/compare.py (0.86M parameters, batch 16; flat: layer count matched). Each run '
-      f'trains for budget / (16 x seq_len) steps with warmup and cosine over its own steps. Test bpb '
+      f'Model: configs/compare.py (0.86M parameters, batch {batch}; flat: layer count matched). Each '
+      f'run trains for budget / ({batch} x seq_len) steps with warmup and cosine over its own steps. '
+      'Test bpb '
       f'is pooled over the bytes of the whole test split (boundaries sampled, one key for every run), '
       f'mean over the seeds the row shares with `{ref}` (every column of a row uses those seeds), '
       f'{significance.SE_LABEL}. {rule_text(ref)} Units: {meta["unit_bytes"]}-byte windows. '
@@ -302,9 +322,8 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
       'The lr of each method is picked on val over the seeds all its lrs share.',
       '',
       *common.table(
-          'budget B | L | method | lr | seeds | test bpb +- s.e. | paired vs ref | window s.e. | '
-          'clustered s.e. | seed s.e. | verdict | better | rate | train rate | ws recall | '
-          'ws prec | train FLOPs',
+          'budget B | L | method | lr | seeds | test bpb +- s.e. | paired vs ref | '
+          f'{PAIRED_HEADER} | better | rate | train rate | ws recall | ws prec | train FLOPs',
           (
               f'{r["budget"]:.3g} | {r["seq_len"]} | {r["method"]} | {r["lr"]:g} | '
               f'{",".join(map(str, r["seeds"]))} | {fmt(r["test_bpb"], 3)} +- '
@@ -312,7 +331,7 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
               + (
                   f'{paired_cells(p)} | {p["a_better"]:.2f} | '
                   if p
-                  else '(ref) | - | - | - | - | - | '
+                  else '(ref) | - | - | - | - | - | - | - | - | '
               )
               + f'{_rate_cell(r["rate"], meta)} | {fmt(r["train_rate"], 3)} | '
               f'{fmt(r["whitespace_recall"], 3)} | {fmt(r["whitespace_precision"], 3)} | '
@@ -327,7 +346,7 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
     def paired(r, c):
       p = r.get('cross_paired', {}).get(c)
       return (
-          f'{p["diff"]:+.4f} +- {significance.FOUND_BY:g} x {p["judged_se"]:.4f} ({p["verdict"]})'
+          f'{p["diff"]:+.4f} +- {p["combined_se"]:.4f}, p {fmt_p(p["p"])} ({p["verdict"]})'
           if p
           else '(ref)'
       )
@@ -337,8 +356,7 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
         '## Out of domain',
         '',
         'The same checkpoints scored on the test split of other corpora: bpb and the paired '
-        f'difference to `{ref}` with {significance.FOUND_BY:g} times the larger of its clustered and '
-        'seed s.e., and the verdict.',
+        f'difference to `{ref}` +- its combined s.e., its p and its verdict.',
         '',
         *common.table(
             'budget B | L | method | ' + ' | '.join(f'{c} bpb | paired' for c in cross),
@@ -403,7 +421,7 @@ def _plot(out_dir, rows, meta) -> None:
         axes[1].errorbar(
             [r['train_bytes'] for r in ps],
             [r['paired']['diff'] for r in ps],
-            yerr=[significance.FOUND_BY * r['paired']['judged_se'] for r in ps],
+            yerr=[significance.margin(r['paired']) for r in ps],
             marker='o',
             capsize=3,
             color=color,
@@ -416,7 +434,7 @@ def _plot(out_dir, rows, meta) -> None:
       (
           'test bpb (+- s.e.)',
           f'paired difference to {meta["reference"]}\n'
-          f'(+- {significance.FOUND_BY:g} x max(clustered, seed) s.e.)',
+          '(+- t(0.975, df) x combined s.e.: found outside 0)',
           'test bpb',
       ),
       ('training bytes', 'training bytes', 'training FLOPs (realised rate)'),
@@ -439,21 +457,26 @@ def with_documents(result: dict, run, splits) -> bool:
   """Adds to each scored split of result (val, test, every corpus scored out of domain) of the
   `ladder.Run` run that lacks them 'unit_documents', the document of each unit, derived as the
   evaluator derives them (`significance.unit_documents`) from the split the run was scored on
-  (splits(run, corpus) -> {split: documents}: `ladder._split_cache()`).
+  (splits(run, corpus) -> {split: documents}: `ladder._split_cache()`), and 'unit_clusters', the
+  corpus's independent unit of each (`corpora.document_clusters` of its document).
   -> whether any was added."""
   todo = [(s, result[s], run.corpus, s) for s in ('val', 'test') if s in result]
   todo += [(c, x, c, 'test') for c, x in result.get('cross', {}).items()]
   added = False
   for name, scored, corpus, split in todo:
-    if 'unit_documents' in scored:
+    if 'unit_documents' in scored and 'unit_clusters' in scored:
       continue
-    docs = significance.unit_documents(splits(run, corpus)[split], result['unit_bytes'])
-    if len(docs) != len(scored['unit_ce']):
+    split_docs = splits(run, corpus)[split]
+    docs = significance.unit_documents(split_docs, result['unit_bytes'])
+    known = scored.get('unit_documents')
+    if len(docs) != len(scored['unit_ce']) or (known is not None and known != docs.tolist()):
       raise UserError(
           f'{run.name}: {name} has {len(scored["unit_ce"])} units but its split cuts into '
           f'{len(docs)}: the corpus changed since the run was scored; rescore it in a fresh folder.'
       )
+    clusters = np.asarray(corpora.document_clusters(corpus, split_docs), np.int64)
     scored['unit_documents'] = [int(d) for d in docs]
+    scored['unit_clusters'] = [int(c) for c in clusters[docs]]
     added = True
   return added
 

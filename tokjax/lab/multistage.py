@@ -35,7 +35,7 @@ import jax
 from tokjax import boundary_stats, checkpointing, cli, flops, significance, tokenization
 from tokjax.config import files as config_files
 from tokjax.config import presets
-from tokjax.data import pipeline
+from tokjax.data import corpora, pipeline
 from tokjax.errors import UserError
 from tokjax.lab import common
 from tokjax.models import stage_views
@@ -202,10 +202,13 @@ def run_one(run, config, out_dir, splits, key, eval_cap, passage, unit_bytes) ->
   return r
 
 
-def paired_rows(results, docs_by_split, unit_bytes, base=BASE) -> list[dict]:
+def paired_rows(
+    results, docs_by_split, unit_bytes, base=BASE, clusters_by_split=None
+) -> list[dict]:
   """Each run minus `base` in bits-per-byte on the same val/test bytes, paired per window of
-  unit_bytes bytes and clustered by document, with its verdict by the seed rule
-  (`common.paired_one_seed`): one dict per (run, split)."""
+  unit_bytes bytes and clustered by the corpus's independent unit of each document
+  (clusters_by_split: {split: `corpora.document_clusters`}; by document where it is None), judged by
+  `significance.judge` with one seed (`common.paired_one_seed`): one dict per (run, split)."""
   by = {r['run']: r for r in results}
   if base not in by:
     return []
@@ -214,7 +217,8 @@ def paired_rows(results, docs_by_split, unit_bytes, base=BASE) -> list[dict]:
     if r['run'] == base:
       continue
     for split, docs in docs_by_split.items():
-      d = common.paired_one_seed(r[split], by[base][split], docs, unit_bytes)
+      doc_clusters = (clusters_by_split or {}).get(split)
+      d = common.paired_one_seed(r[split], by[base][split], docs, unit_bytes, doc_clusters)
       rows.append({'run': r['run'], 'base': base, 'split': split, 'unit': f'{unit_bytes} B', **d})
   return rows
 
@@ -262,18 +266,18 @@ def write_outputs(out_dir, results, meta, paired=()) -> None:
       '',
       f'Run minus {BASE} in bits-per-byte on the same bytes, paired per window of '
       f'{meta["unit_bytes"]} bytes of each document, with the standard error over windows and over '
-      'documents (clustered: the window differences summed per document; ratio estimator). A '
-      f'difference is found only beyond {significance.FOUND_BY:g} times the larger of the clustered '
-      'and the seed s.e.; with one seed the seed s.e. is unknown, so a difference beyond '
-      f'{significance.FOUND_BY:g} clustered s.e. reads "one seed". better: the share of windows on '
-      'which each model has the lower cross-entropy.',
+      "the corpus's independent units (clustered: the window differences summed per play or poem "
+      'of Shakespeare, per source file of stdlib; ratio estimator). A difference is '
+      f'{significance.RULE}. better: the share of windows on which each model has the lower '
+      'cross-entropy.',
       '',
       *common.table(
-          'run | split | windows | documents | run - one_stage (bpb) | window s.e. | '
-          'clustered s.e. | verdict | run better | one_stage better',
+          'run | split | windows | clusters | run - one_stage (bpb) | window s.e. | '
+          'clustered s.e. | df | p | verdict | run better | one_stage better',
           (
-              f'{p["run"]} | {p["split"]} | {p["units"]} | {p["documents"]} | {p["diff"]:+.4f} | '
-              f'{fmt(p["se"], 4)} | {fmt(p["clustered_se"], 4)} | {p["verdict"]} | '
+              f'{p["run"]} | {p["split"]} | {p["units"]} | {p["clusters"]} | {p["diff"]:+.4f} | '
+              f'{fmt(p["se"], 4)} | {fmt(p["clustered_se"], 4)} | {fmt(p["df"], 1)} | '
+              f'{significance.format_p(p["p"])} | {p["verdict"]} | '
               f'{fmt(p["a_better"], 2)} | {fmt(p["b_better"], 2)}'
               for p in paired
           ),
@@ -395,7 +399,11 @@ def multistage(
       'jax_devices': [str(d) for d in jax.devices()],
   }
   docs = {s: common.capped(splits[s], *eval_cap) for s in ('val', 'test')}
-  write_outputs(out_dir, results, meta, paired_rows(results, docs, unit_bytes))
+  clusters = None
+  if not eval_cap[1]:  # Documents cut to a prefix are no longer the corpus's own.
+    data_dir = base.data.data_dir or None
+    clusters = {s: corpora.document_clusters(corpus, d, data_dir) for s, d in docs.items()}
+  write_outputs(out_dir, results, meta, paired_rows(results, docs, unit_bytes, BASE, clusters))
   return results
 
 

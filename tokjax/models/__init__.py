@@ -81,7 +81,7 @@ def inner_stages(config) -> tuple[hierarchical.StageSettings, ...]:
           decoder_layers=int(config.stages.decoder_layers[s - 1]),
           window=int(config.stages.window[s - 1]),
       )
-      for s in range(1, stage_views.stage_count(config))  # Configs from before stages have none.
+      for s in range(1, stage_views.stage_count(config))
   )
 
 

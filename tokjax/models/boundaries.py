@@ -14,21 +14,26 @@ forced by the full buffer, so its log-probability is log 1 = 0 and it is masked 
 The estimator therefore differentiates the policy the model actually executed, which keeps it unbiased.
 Dropped boundaries are counted as `overflow` in the metrics.
 
-THE POLICY (Dauncey & Wattenhofer 2026). A linear map gives v_t in R^w from the encoder state h_t.
-Independent (w = 1): logit_t = v_t + bias, p_t = sigmoid(logit_t), sampled in parallel.
-Sequential (w > 1):
-  z_t = s * (v_t[w-1] + sum_{k=1..w-1} v_t[w-1-k] * a_{t-k}) + bias,   logit_t = 6 tanh(z_t / 6),
-with s = 1/16; each decision depends on the previous w - 1 executed ones, so they are sampled by a
-`lax.scan` on device. The bias starts where the initial logit is logit(target rate): at logit(r*)
-itself for w = 1, at 6 artanh(logit(r*) / 6) for w > 1 (inside the softcap's inverse, so
+THE POLICY (Dauncey & Wattenhofer 2026). A linear map gives v_t in R^w from the encoder state h_t;
+  x_t = v_t[w-1] + sum_{k=1..w-1} v_t[w-1-k] * a_{t-k}
+reads it with the previous w - 1 executed decisions (x_t = v_t for w = 1). Two parametrisations
+(config.boundary.policy.form):
+  plain:   logit_t = x_t + bias
+  scaled:  z_t = s * x_t + bias,   logit_t = 6 tanh(z_t / 6),   s = 1/16 (policy.scale)
+and p_t = sigmoid(logit_t). 'auto' (the default) is plain for w = 1 (independent decisions, sampled
+in parallel) and scaled for w > 1 (the paper's sequential policy); naming one of them holds the
+parametrisation fixed while the window changes, so an ablation can vary one factor at a time. For
+w > 1 each decision depends on the previous w - 1 executed ones, so they are sampled by a `lax.scan`
+on device. The bias starts where the initial logit is logit(target rate): at logit(r*) itself in the
+plain form, at 6 artanh(logit(r*) / 6) in the scaled form (inside the softcap's inverse, so
 6 tanh(bias / 6) = logit(r*) exactly). The projection is a read-out: its init has standard deviation
 0.02 up to d_model = 128 and 0.02 * 128 / d_model above (the 1 / width read-out scaling of muP), so
 the initial logit noise v_t shrinks as the model widens and the initial rate stays at the target
 (mean initial p_t over 4 initialisations on 8 x 256 bytes of the standard library, w = 1: 0.205 at
 d_model = 128; 0.203 at d_model = 768, where a width-independent 0.02 gave 0.244; tests/test_rivals.py
 checks d_model = 768).
-(The 1/16 scale belongs to the sequential form only: on the independent policy it acts as a 16x
-smaller learning rate, and at CPU scale the policy then learns nothing in the first thousand steps.)
+('auto' leaves the 1/16 scale out of the independent policy: there it acts as a 16x smaller learning
+rate, and at CPU scale the policy then learns nothing in the first thousand steps.)
 Log-probabilities of the executed actions are then recomputed in parallel from the same formula, which
 is what the gradient flows through.
 """
@@ -146,11 +151,12 @@ def _history_term(v, actions, window: int):
   return total
 
 
-def sample_sequential(v, bias, uniforms, scale: float, capacity: int):
+def sample_sequential(v, bias, uniforms, scale: float, capacity: int, scaled: bool = True):
   """Draws boundaries one position at a time, each conditioned on the previous w - 1 executed ones.
 
   v: [B, L, w] policy features, bias: scalar, uniforms: [B, L] in [0, 1) -> sampled {0,1} float32[B, L]
   (raw samples: `enforce_convention` turns them into executed actions; forced positions are ignored).
+  scaled: the logit's form (`form_logit`).
   """
   b, l, w = v.shape
   t_idx = jnp.arange(l)
@@ -158,8 +164,8 @@ def sample_sequential(v, bias, uniforms, scale: float, capacity: int):
   def step(carry, inputs):
     history, count = carry  # history: executed a_{t-1}, ..., a_{t-w+1}: [B, w-1]; count: [B].
     v_t, u_t, t = inputs
-    z = scale * (v_t[:, w - 1] + jnp.sum(v_t[:, w - 2 :: -1][:, : w - 1] * history, axis=-1)) + bias
-    p = jax.nn.sigmoid(SOFTCAP * jnp.tanh(z / SOFTCAP))
+    x = v_t[:, w - 1] + jnp.sum(v_t[:, w - 2 :: -1][:, : w - 1] * history, axis=-1)
+    p = jax.nn.sigmoid(form_logit(x, bias, scale, scaled))
     sample = (u_t < p).astype(jnp.float32)
     forced = (t == 0) | (t == l - 1)
     executed = jnp.where(forced, 1.0, sample * (count < capacity - 2))
@@ -173,13 +179,28 @@ def sample_sequential(v, bias, uniforms, scale: float, capacity: int):
 
 
 PROJ_STD, PROJ_WIDTH = 0.02, 128  # Projection init: std 0.02 up to width 128, then ~ 1 / width.
-SOFTCAP = 6.0  # Sequential logits are SOFTCAP * tanh(z / SOFTCAP).
+SOFTCAP = 6.0  # Scaled-form logits are SOFTCAP * tanh(z / SOFTCAP).
+# config.boundary.policy.form: 'auto' is 'plain' for w = 1 and 'scaled' for w > 1.
+FORMS = ('auto', 'plain', 'scaled')
 
 
-def initial_bias(target_rate: float, window: int) -> jax.Array:
-  """The bias whose logit is logit(target_rate): inside the softcap's inverse for window > 1."""
+def is_scaled(form: str, window: int) -> bool:
+  """Whether the logit has the scaled, softcapped form (the module docstring's two forms)."""
+  return window > 1 if form == 'auto' else form == 'scaled'
+
+
+def form_logit(x, bias, scale: float, scaled: bool):
+  """The logit from x_t = v_t[w-1] + the history term: x + bias, or 6 tanh((s x + bias) / 6)."""
+  if not scaled:
+    return x + bias
+  z = scale * x + bias
+  return SOFTCAP * jnp.tanh(z / SOFTCAP)
+
+
+def initial_bias(target_rate: float, window: int, form: str = 'auto') -> jax.Array:
+  """The bias whose logit is logit(target_rate): inside the softcap's inverse in the scaled form."""
   logit = jnp.log(target_rate / (1.0 - target_rate))  # float32, as the w = 1 runs always had it.
-  return logit if window == 1 else SOFTCAP * jnp.arctanh(logit / SOFTCAP)
+  return SOFTCAP * jnp.arctanh(logit / SOFTCAP) if is_scaled(form, window) else logit
 
 
 class BoundaryPolicy(nn.Module):
@@ -189,6 +210,7 @@ class BoundaryPolicy(nn.Module):
   window: int = 1
   scale: float = 1.0 / 16.0
   capacity: int = 64
+  form: str = 'auto'  # `FORMS`: the logit's parametrisation (module docstring).
 
   @nn.compact
   def __call__(
@@ -222,14 +244,18 @@ class BoundaryPolicy(nn.Module):
     )  # [B, L, w]
     rate = self.target_rate
     bias = self.param(
-        'bias', nn.initializers.constant(initial_bias(rate, self.window)), (), jnp.float32
+        'bias',
+        nn.initializers.constant(initial_bias(rate, self.window, self.form)),
+        (),
+        jnp.float32,
     )
+    scaled = is_scaled(self.form, self.window)
 
     def logits_given(executed):
-      if self.window == 1:
-        return v[..., 0] + bias
-      z = self.scale * (v[..., self.window - 1] + _history_term(v, executed, self.window)) + bias
-      return SOFTCAP * jnp.tanh(z / SOFTCAP)
+      x = v[..., self.window - 1]
+      if self.window > 1:
+        x = x + _history_term(v, executed, self.window)
+      return form_logit(x, bias, self.scale, scaled)
 
     if mode == 'given':
       sampled = actions
@@ -243,7 +269,12 @@ class BoundaryPolicy(nn.Module):
       # Greedy is sampling with u = 0.5: a boundary wherever p > 0.5 given the executed history.
       u = jnp.full(h.shape[:2], 0.5) if mode == 'greedy' else jax.random.uniform(key, h.shape[:2])
       sampled = sample_sequential(
-          jax.lax.stop_gradient(v), jax.lax.stop_gradient(bias), u, self.scale, self.capacity
+          jax.lax.stop_gradient(v),
+          jax.lax.stop_gradient(bias),
+          u,
+          self.scale,
+          self.capacity,
+          scaled,
       )
     if behavior is not None:
       mu_draw = jax.random.bernoulli(jax.random.fold_in(key, 1), rate, h.shape[:2])
@@ -273,6 +304,7 @@ def _build(config):
       window=b.policy.window,
       scale=b.policy.scale,
       capacity=config.model.capacity,
+      form=b.policy.get('form', 'auto'),  # Configs saved before the field have today's 'auto'.
   )
 
 
@@ -282,6 +314,11 @@ def _validate(config):
     raise UserError(f'config.boundary.policy.window={p.window!r} must be an integer >= 1.')
   if not p.scale > 0:
     raise UserError(f'config.boundary.policy.scale={p.scale!r} must be positive (1/16 is usual).')
+  if p.get('form', 'auto') not in FORMS:
+    raise UserError(
+        f'config.boundary.policy.form={p.form!r} must be one of {", ".join(map(repr, FORMS))} '
+        "('auto': plain for window 1, scaled above)."
+    )
 
 
 registry.register(
@@ -290,7 +327,10 @@ registry.register(
         build=_build,
         defaults=dict(
             window=1,  # w: 1 = independent decisions, 8 = sequential (the paper's reference).
-            scale=1.0 / 16.0,  # Logit scale s of the sequential (w > 1) policy.
+            scale=1.0 / 16.0,  # Logit scale s of the scaled form.
+            # The logit: 'plain' (v + history + bias) | 'scaled' (s * (v + history) + bias,
+            # softcapped at 6) | 'auto' (plain for w = 1, scaled for w > 1: the paper's policy).
+            form='auto',
         ),
         score_function=True,
         sampling=True,

@@ -426,11 +426,11 @@ def stack_options(model_config) -> dict:
   """The memory and speed options of config.model, checked (UserError), as Stack keyword values.
 
   Returns {'remat': {'encoder', 'main', 'decoder': policy name}, 'scan_layers': bool,
-  'attention': str}; configs written before these fields existed get the defaults.
+  'attention': str}.
   """
   from tokjax.errors import UserError  # pylint: disable=g-import-not-at-top
 
-  remat = dict(model_config.get('remat', None) or {})
+  remat = dict(model_config.remat or {})
   unknown = set(remat) - {'encoder', 'main', 'decoder'}
   if unknown:
     raise UserError(
@@ -444,19 +444,17 @@ def stack_options(model_config) -> dict:
           f'config.model.remat.{stack}={policy!r} is not valid; use one of '
           f'{tuple(REMAT_POLICIES)}.'
       )
-  attention = model_config.get('attention', 'blocked')
+  attention = model_config.attention
   if attention not in ATTENTION_IMPLS:
     raise UserError(
         f'config.model.attention={attention!r} is not valid; use one of {ATTENTION_IMPLS}.'
     )
-  if attention == 'cudnn' and (
-      jax.default_backend() != 'gpu' or model_config.get('dtype', 'float32') == 'float32'
-  ):
+  if attention == 'cudnn' and (jax.default_backend() != 'gpu' or model_config.dtype == 'float32'):
     raise UserError(
         "config.model.attention='cudnn' needs a GPU and config.model.dtype='bfloat16' (cuDNN's "
         "fused attention has no float32 kernel); use 'dot_product' elsewhere."
     )
-  scan = model_config.get('scan_layers', False)
+  scan = model_config.scan_layers
   if not isinstance(scan, bool):
     raise UserError(f'config.model.scan_layers={scan!r} must be True or False.')
   return {'remat': remat, 'scan_layers': scan, 'attention': attention}

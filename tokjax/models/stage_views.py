@@ -13,8 +13,8 @@ STAGE_FIELDS = ('method', 'target_rate', 'capacity', 'encoder_layers', 'decoder_
 
 
 def stage_count(config) -> int:
-  """S, the levels of boundaries (configs saved before stages existed have one)."""
-  return config.model.get('stages', 1)
+  """S, the levels of boundaries."""
+  return config.model.stages
 
 
 def stage_method(config, s: int) -> str:

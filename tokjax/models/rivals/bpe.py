@@ -14,8 +14,11 @@ strictly causal function of bytes <= t (pre-token starts, the large majority at 
 are determined by bytes t-1 and t). We accept this, as the paper does; tests check the model is causal
 given the boundaries and report this residual look-ahead.
 
-The boundaries are computed on the host (a `jax.pure_callback` tokenizes each row of the batch, segments
-split at BOS / PAD), so the model needs nothing beyond `tokens`.
+The boundaries are computed on the host inside the step (`host_token_starts`: a callback tokenizes each
+row of the batch, segments split at BOS / PAD), so the model needs nothing beyond `tokens` and every
+path that runs it (training, evaluation, generation, segmentation, lm_eval scoring) gets the same
+boundaries for the same bytes. They cannot be computed before the step in general: generation decides
+each position's boundary from bytes the step itself produced.
 """
 
 import functools
@@ -24,6 +27,7 @@ import os
 
 import flax.linen as nn
 import jax
+from jax.experimental import buffer_callback
 import jax.numpy as jnp
 import numpy as np
 
@@ -190,6 +194,34 @@ def token_starts(tok, tokens: np.ndarray) -> np.ndarray:
   return out
 
 
+def host_token_starts(tokenizer_json: str, tokens):
+  """`token_starts` of tokens int32[B, L] inside a traced step -> float32[B, L].
+
+  On CPU the callback is a `buffer_callback`: it reads the step's own buffer of tokens and writes
+  the starts into the output buffer, so it makes no jax.Array and waits for nothing. A
+  `jax.pure_callback` instead copies its arguments into new jax.Arrays and waits for them: the CPU
+  client copies more than about 100 KiB on its worker pool, which is also where it runs a step
+  dispatched before its inputs were ready; with one worker (a process pinned to one core, as the
+  ladder's runs are) that callback waited for itself and the run hung. On GPU and TPU the step runs
+  on the device, so pure_callback's copy to the CPU device has the CPU pool free, and there a
+  `buffer_callback` would be handed device memory.
+  """
+  shape = jax.ShapeDtypeStruct(tokens.shape, jnp.float32)
+
+  def fill(ctx, out, tokens):
+    del ctx
+    np.asarray(out)[...] = token_starts(_load(tokenizer_json), np.asarray(tokens))
+
+  def on_cpu(tokens):
+    return buffer_callback.buffer_callback(fill, shape, vmap_method='sequential')(tokens)
+
+  def on_device(tokens):
+    host = lambda t: token_starts(_load(tokenizer_json), t)
+    return jax.pure_callback(host, shape, tokens, vmap_method='sequential')
+
+  return jax.lax.platform_dependent(tokens, cpu=on_cpu, default=on_device)
+
+
 class BPEGuided(nn.Module):
   """tokens int32[B, L] -> `Boundaries` at BPE token starts (same call signature as BoundaryPolicy)."""
 
@@ -203,10 +235,7 @@ class BPEGuided(nn.Module):
     if mode == 'given':
       sampled = actions
     else:
-      host = lambda t: token_starts(_load(self.tokenizer_json), t)
-      sampled = jax.pure_callback(
-          host, jax.ShapeDtypeStruct(tokens.shape, jnp.float32), tokens, vmap_method='sequential'
-      )
+      sampled = host_token_starts(self.tokenizer_json, tokens)
     sampled = jnp.where(tokens == PAD_ID, 0.0, sampled)
     return common.finish(sampled, self.capacity)
 

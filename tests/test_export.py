@@ -1,0 +1,291 @@
+"""Tests of `python -m tokjax.export`: the folder, its PyTorch layout and strict names, loading with
+transformers in a process without JAX, logits equal to tokjax's, the parity gate for every boundary
+method, two stages and the flat model, and one-line refusals that write nothing."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import conftest
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+import safetensors
+import torch
+
+from tokjax import checkpointing, models
+from tokjax.errors import UserError
+from tokjax.export import exporter, mapping, spec
+from tokjax.models import registry
+from tokjax.vocab import BOS_ID
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Loads an export with transformers alone and writes its logits and boundaries (greedy, and given
+# the boundaries in the .npz) next to the inputs.
+LOAD_SCRIPT = r"""
+import sys
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+folder, data = sys.argv[1], sys.argv[2]
+model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+arrays = np.load(data)
+ids = torch.from_numpy(arrays['tokens'].astype(np.int64))
+given = tuple(torch.from_numpy(arrays[k]) for k in sorted(arrays) if k.startswith('given_'))
+with torch.no_grad():
+  greedy = model(ids)
+  with_given = model(ids, boundaries=given)
+assert not [m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'tokjax'))], 'JAX imported'
+np.savez(data + '.out.npz', greedy=greedy.logits.numpy(), given=with_given.logits.numpy(),
+         **{f'greedy_b{s}': b.numpy() for s, b in enumerate(greedy.boundaries)})
+print('no jax')
+"""
+
+
+@pytest.fixture(scope='module')
+def exported(tiny_run, tmp_path_factory):
+  """(export folder, restored checkpoint) of the shared tiny run."""
+  out = str(tmp_path_factory.mktemp('export') / 'out')
+  exporter.export(tiny_run, out)
+  return out, checkpointing.load_checkpoint(tiny_run)
+
+
+def _tokjax(ckpt, tokens, mode, actions=None):
+  @jax.jit
+  def run(params, tokens):
+    out = ckpt.model.apply(
+        {'params': params}, tokens, jax.random.PRNGKey(1), mode=mode, actions=actions
+    )
+    return out.logits, tuple(s.boundaries.actions for s in out.stages)
+
+  logits, acts = run(ckpt.params, tokens)
+  return np.asarray(logits), [np.asarray(a) for a in acts]
+
+
+def test_folder_holds_every_file_with_pytorch_layout(exported):
+  out, ckpt = exported
+  for name in (
+      'model.safetensors',
+      'config.json',
+      'modeling_tokjax.py',
+      'configuration_tokjax.py',
+      'tokenizer.json',
+      'tokenizer_config.json',
+      'generation_config.json',
+      'README.md',
+  ):
+    assert os.path.isfile(os.path.join(out, name)), name
+  with safetensors.safe_open(os.path.join(out, 'model.safetensors'), 'np') as f:
+    assert f.metadata() == {'format': 'pt'}
+    tensors = {k: f.get_tensor(k) for k in f.keys()}
+  p = ckpt.params
+  # Linear kernels are [out, in]: the head's [D, V] kernel is stored as [V, D].
+  np.testing.assert_array_equal(
+      tensors['head.proj.weight'], np.asarray(p['head']['proj']['kernel']).T
+  )
+  q = np.asarray(p['encoder']['block_0']['attn']['query']['kernel'])  # [D, H, K]
+  np.testing.assert_array_equal(
+      tensors['encoder.blocks.0.attn.q_proj.weight'], q.reshape(q.shape[0], -1).T
+  )
+  np.testing.assert_array_equal(tensors['embed.weight'], np.asarray(p['embed']['embedding']))
+  assert len(tensors) == len(jax.tree.leaves(p))  # Every tokjax leaf, and nothing else.
+  config = json.load(open(os.path.join(out, 'config.json')))
+  assert config['model_type'] == 'tokjax' and config['auto_map']['AutoModelForCausalLM']
+  assert config['stages'][0]['method'] == 'policy'
+  assert config['stages'][0]['capacity'] == ckpt.config.model.capacity
+  assert config['bos_token_id'] == BOS_ID and config['tokjax']['step'] == ckpt.step
+  card = open(os.path.join(out, 'README.md')).read()
+  assert 'val bpb' in card and ckpt.config.data.corpus in card
+
+
+def test_from_pretrained_without_jax_gives_tokjax_logits(exported, tmp_path):
+  out, ckpt = exported
+  tokens = exporter.probe(ckpt.config.data.seq_len)
+  _, given = _tokjax(ckpt, tokens, 'sample')
+  data = str(tmp_path / 'inputs.npz')
+  np.savez(data, tokens=tokens, **{f'given_{s}': a for s, a in enumerate(given)})
+  env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+  run = subprocess.run(
+      [sys.executable, '-c', LOAD_SCRIPT, out, data],
+      cwd=str(tmp_path),  # Not the repository: nothing of tokjax is importable by accident.
+      capture_output=True,
+      text=True,
+      env=env,
+      timeout=300,
+  )
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert 'no jax' in run.stdout
+  got = np.load(data + '.out.npz')
+  ref_given, _ = _tokjax(ckpt, tokens, 'given', tuple(given))
+  ref_greedy, ref_acts = _tokjax(ckpt, tokens, 'greedy')
+  np.testing.assert_allclose(got['given'], ref_given, atol=1e-4, rtol=0)
+  np.testing.assert_allclose(got['greedy'], ref_greedy, atol=1e-4, rtol=0)
+  np.testing.assert_array_equal(got['greedy_b0'], ref_acts[0])
+
+
+def test_strict_names_refuse_unmapped_and_unfilled_parameters(exported):
+  _, ckpt = exported
+  fields = spec.hf_config(ckpt.config)
+  shapes = {k: tuple(v.shape) for k, v in exporter.torch_model(fields).state_dict().items()}
+  params = jax.tree.map(np.asarray, ckpt.params)
+  extra = dict(params, stray={'kernel': np.zeros((2, 2), np.float32)})
+  with pytest.raises(UserError, match='unused by the PyTorch model.*stray.weight'):
+    mapping.to_torch_state(extra, shapes)
+  fewer = {k: v for k, v in params.items() if k != 'early_head'}
+  with pytest.raises(UserError, match='missing from the tokjax checkpoint.*early_head'):
+    mapping.to_torch_state(fewer, shapes)
+  with pytest.raises(UserError, match='has no PyTorch name'):
+    mapping.torch_name(('embed', 'unknown_leaf'))
+  state = mapping.to_torch_state(params, shapes)
+  for path, x in mapping.flatten(params).items():  # The layout change inverts exactly.
+    back = mapping.from_torch(path, state[mapping.torch_name(path)], x.shape)
+    np.testing.assert_array_equal(back, x)
+
+
+def test_gate_refuses_a_model_whose_logits_differ(exported):
+  _, ckpt = exported
+  fields = spec.hf_config(ckpt.config)
+  model_pt = exporter.torch_model(fields, exporter.torch_state(fields, ckpt.params))
+  with torch.no_grad():
+    model_pt.head.proj.weight[7, 0] += 0.01
+  with pytest.raises(UserError, match=r'parity check failed: .* by up to [0-9.e-]+ with given'):
+    exporter.gate(ckpt.model, ckpt.params, model_pt, ckpt.config.data.seq_len)
+
+
+def _bad(tmp_path, *args):
+  """The exit code and stderr of `python -m tokjax.export args`."""
+  run = subprocess.run(
+      [sys.executable, '-m', 'tokjax.export', *args],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  return run.returncode, run.stderr.strip()
+
+
+def test_bad_input_is_one_line_and_writes_nothing(tiny_run, tmp_path):
+  out = str(tmp_path / 'out')
+  code, err = _bad(tmp_path, f'--checkpoint={tmp_path}', f'--out={out}')
+  assert code == 2 and err.startswith('error: ') and len(err.splitlines()) == 1, err
+  assert 'holds no checkpoint' in err and not os.path.exists(out)
+  with pytest.raises(UserError, match='has no checkpoint of step 5; it has steps'):
+    exporter.export(tiny_run, out, step=5)
+  os.makedirs(out)
+  open(os.path.join(out, 'x'), 'w').close()
+  with pytest.raises(UserError, match='exists and is not empty'):
+    exporter.export(tiny_run, out)
+  assert os.listdir(out) == ['x']
+  # A run of a method the port cannot reproduce: its saved config names it.
+  run = str(tmp_path / 'uniform_run')
+  shutil.copytree(tiny_run, run)
+  for step in os.listdir(os.path.join(run, 'checkpoints')):
+    meta = os.path.join(run, 'checkpoints', step, 'config', 'metadata')
+    saved = json.load(open(meta))
+    saved['boundary']['method'] = 'uniform'
+    json.dump(saved, open(meta, 'w'))
+  fresh = str(tmp_path / 'fresh')
+  with pytest.raises(UserError, match="config.boundary.method='uniform' cannot be exported"):
+    exporter.export(run, fresh)
+  assert not os.path.exists(fresh) and not [f for f in os.listdir(tmp_path) if 'partial' in f]
+
+
+# ------------------------------------------------------------- every method, two stages, flat
+
+
+def _initialised(config):
+  """(model, params) of config at init: the gate's forward parity holds for any weights."""
+  model = models.build_model(config)
+  init = lambda *a: nn.unbox(model.init(*a))
+  params = conftest.jit_call(init, jax.random.PRNGKey(3), *model.init_args(2, 64))['params']
+  return model, params
+
+
+def _gate(config, params=None, model=None):
+  if model is None:
+    model, params = _initialised(config)
+  fields = spec.hf_config(config)
+  model_pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
+  return exporter.gate(model, params, model_pt, int(config.data.seq_len))
+
+
+@pytest.mark.parametrize('method', sorted(registry.methods()))
+def test_gate_for_every_boundary_method(method, tmp_path):
+  c = conftest.tiny_config(str(tmp_path))
+  c.boundary.method = method
+  if method not in spec.EXPORTABLE:
+    with pytest.raises(UserError, match=f"config.boundary.method='{method}' cannot be exported"):
+      spec.check_exportable(c)
+    return
+  spec.check_exportable(c)
+  found = _gate(c)
+  assert found['given'] <= exporter.TOLERANCE and found['greedy_mismatch'] == 0
+
+
+def test_gate_for_the_sequential_policy(tmp_path):
+  c = conftest.tiny_config(str(tmp_path))
+  c.boundary.policy.window = 4
+  found = _gate(c)
+  assert found['given'] <= exporter.TOLERANCE and found['greedy_mismatch'] == 0
+
+
+def test_gate_for_two_stages_trained(tiny_two_stage_run):
+  workdir, _ = tiny_two_stage_run
+  ckpt = checkpointing.load_checkpoint(workdir)
+  found = _gate(ckpt.config, ckpt.params, ckpt.model)
+  assert found['given'] <= exporter.TOLERANCE and found['greedy_mismatch'] == 0
+  assert len(spec.hf_config(ckpt.config)['stages']) == 2
+
+
+def test_gate_for_the_flat_model(tmp_path):
+  c = conftest.tiny_config(str(tmp_path))
+  c.model.kind, c.model.num_layers = 'flat', 2
+  found = _gate(c)
+  assert found['given'] <= exporter.TOLERANCE
+
+
+# ------------------------------------------------------------------------------ lm-eval's hf model
+
+LM_EVAL_TASKS = ['tokjax_mc', 'tokjax_lastword']  # Loglikelihood requests.
+
+
+def _loglikelihoods(model, tasks):
+  """{(task, doc id): [log-likelihood of each request]} of lm_eval.simple_evaluate on the offline
+  tasks."""
+  import lm_eval  # pylint: disable=g-import-not-at-top
+
+  os.environ.setdefault('DISABLE_MULTIPROC', '1')
+  res = lm_eval.simple_evaluate(
+      model=model,
+      tasks=tasks,
+      task_manager=lm_eval.tasks.TaskManager(
+          include_path=os.path.join(REPO, 'tests', 'lm_eval_tasks')
+      ),
+      log_samples=True,
+      batch_size=4,
+      bootstrap_iters=0,
+      device='cpu',
+  )
+  return {
+      (task, s['doc_id']): [float(r[0][0]) for r in s['resps']]
+      for task, samples in res['samples'].items()
+      for s in samples
+  }
+
+
+def test_lm_eval_hf_model_on_the_export_equals_tokjax_lm_eval(exported, tiny_run):
+  from tokjax.lm_eval import model as lm_model  # pylint: disable=g-import-not-at-top
+
+  out, _ = exported
+  from lm_eval.models.huggingface import HFLM  # pylint: disable=g-import-not-at-top
+
+  ours = _loglikelihoods(lm_model.TokjaxLM(checkpoint=tiny_run, batch_size=4), LM_EVAL_TASKS)
+  # lm-eval's `hf` model (`--model hf --model_args pretrained=DIR,trust_remote_code=True`).
+  hf_lm = HFLM(pretrained=out, trust_remote_code=True, dtype='float32', batch_size=4, device='cpu')
+  hf = _loglikelihoods(hf_lm, LM_EVAL_TASKS)
+  assert set(hf) == set(ours) and len(ours) > 4
+  for key, values in ours.items():
+    np.testing.assert_allclose(hf[key], values, atol=1e-4, rtol=0, err_msg=str(key))

@@ -1,0 +1,651 @@
+"""PyTorch port of tokjax's byte LMs, loaded by transformers from an exported folder.
+
+  model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
+  out = model(input_ids)                       # greedy boundaries
+  out = model(input_ids, do_sample=True, generator=torch.Generator().manual_seed(0))
+  out = model(input_ids, boundaries=out.boundaries)   # given boundaries, one tensor per stage
+
+Self-contained: it imports torch and transformers only, never jax or tokjax. It computes what
+tokjax/models computes (the exporter checks that the logits agree within 1e-4 before it writes):
+Gemma-2 blocks (RMSNorm with a (1 + scale) gain before and after each sublayer, RoPE at explicit
+positions on split halves, tanh-GeLU GeGLU), byte layers with sliding-window causal attention, and
+the hierarchical model's stages: boundaries a_t = 1 where position t ends its chunk (the first and
+last position forced, boundaries past the chunk capacity dropped), select-downsampling of each
+chunk's last state into a buffer of static capacity, the chunk layers at the byte positions where
+chunks end, and distribute-add upsampling of the latest chunk complete at each position.
+
+Input ids are bytes 0..255, PAD 256, BOS 257 (training rows start with BOS). The model is causal in
+bytes, boundary decisions included, except for the convention's forced boundary at a row's last
+position; a row shorter than the training length leaves that one to a spare position (`forward`),
+so right padding leaves every real position's logits unchanged.
+
+Shape names: B rows, L bytes, N_s the input positions of stage s, C a chunk capacity, D width,
+H heads, K head width, V vocabulary.
+"""
+
+import dataclasses
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutput
+
+from .configuration_tokjax import TokjaxConfig
+
+PAD_ID = 256
+BOS_ID = 257
+_NEG_INF = -1e9  # Finite, as in tokjax: a fully masked row gives a uniform softmax.
+SOFTCAP = 6.0  # The scaled policy's logits are SOFTCAP * tanh(z / SOFTCAP).
+
+
+def gelu(x):
+  return F.gelu(x, approximate='tanh')  # jax.nn.gelu's default.
+
+
+class RMSNorm(nn.Module):
+  """x / rms(x) * (1 + scale), computed in float32."""
+
+  def __init__(self, d: int, eps: float = 1e-6):
+    super().__init__()
+    self.scale = nn.Parameter(torch.zeros(d))
+    self.eps = eps
+
+  def forward(self, x):
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.scale)
+
+
+def apply_rope(x, positions, max_wavelength: float = 10_000.0):
+  """Rotates x: [B, L, H, K] by angles set by positions: int[B, L] (split halves, not pairs)."""
+  half = x.shape[-1] // 2
+  freq = max_wavelength ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
+  angle = positions[..., None, None].float() * freq
+  sin, cos = torch.sin(angle), torch.cos(angle)
+  x1, x2 = x[..., :half], x[..., half:]
+  return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def attention_mask(q_pos, k_pos, key_valid=None, window: int = 0):
+  """bool[B, Q, S]: a query sees keys at positions <= its own (within `window` when > 0)."""
+  mask = k_pos[:, None, :] <= q_pos[:, :, None]
+  if window > 0:
+    mask = mask & ((q_pos[:, :, None] - k_pos[:, None, :]) < window)
+  if key_valid is not None:
+    mask = mask & key_valid[:, None, :]
+  return mask
+
+
+class Attention(nn.Module):
+  """Multi-head causal self-attention with RoPE over explicit positions."""
+
+  def __init__(self, d: int, num_heads: int, window: int):
+    super().__init__()
+    self.num_heads, self.head_dim, self.window = num_heads, d // num_heads, window
+    self.q_proj = nn.Linear(d, d, bias=False)
+    self.k_proj = nn.Linear(d, d, bias=False)
+    self.v_proj = nn.Linear(d, d, bias=False)
+    self.o_proj = nn.Linear(d, d, bias=False)
+
+  def forward(self, x, positions, key_valid=None, cache=None):
+    """x: [B, L, D], positions: int[B, L], key_valid: bool[B, L] or None -> [B, L, D].
+
+    cache: a `LayerCache` whose keys come before x's (decoding); the new keys are added to it.
+    """
+    b, l, _ = x.shape
+    split = lambda t: t.view(b, l, self.num_heads, self.head_dim)
+    q = apply_rope(split(self.q_proj(x)), positions)
+    k = apply_rope(split(self.k_proj(x)), positions)
+    v = split(self.v_proj(x))
+    k_pos, valid = positions, key_valid
+    if cache is not None:
+      k, v, k_pos, valid = cache.extend(k, v, positions, key_valid)
+    mask = attention_mask(positions, k_pos, valid, self.window)
+    scores = torch.einsum('bqhk,bshk->bhqs', q, k) / math.sqrt(self.head_dim)
+    scores = scores.masked_fill(~mask[:, None], _NEG_INF)
+    out = torch.einsum('bhqs,bshk->bqhk', torch.softmax(scores, dim=-1), v)
+    return self.o_proj(out.reshape(b, l, -1))
+
+
+class GeGLU(nn.Module):
+
+  def __init__(self, d: int, hidden: int):
+    super().__init__()
+    self.gate_proj = nn.Linear(d, hidden, bias=False)
+    self.up_proj = nn.Linear(d, hidden, bias=False)
+    self.down_proj = nn.Linear(hidden, d, bias=False)
+
+  def forward(self, x):
+    return self.down_proj(gelu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+  """Gemma-2 block: x + post_norm(attn(pre_norm(x))), then x + post_norm(mlp(pre_norm(x)))."""
+
+  def __init__(self, d: int, num_heads: int, mlp_hidden: int, window: int):
+    super().__init__()
+    self.pre_attn_norm, self.post_attn_norm = RMSNorm(d), RMSNorm(d)
+    self.pre_mlp_norm, self.post_mlp_norm = RMSNorm(d), RMSNorm(d)
+    self.attn = Attention(d, num_heads, window)
+    self.mlp = GeGLU(d, mlp_hidden)
+
+  def forward(self, x, positions, key_valid=None, cache=None):
+    x = x + self.post_attn_norm(self.attn(self.pre_attn_norm(x), positions, key_valid, cache))
+    return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
+
+
+class Stack(nn.Module):
+
+  def __init__(self, num_layers: int, d: int, num_heads: int, mlp_hidden: int, window: int):
+    super().__init__()
+    self.blocks = nn.ModuleList(Block(d, num_heads, mlp_hidden, window) for _ in range(num_layers))
+
+  def forward(self, x, positions, key_valid=None, caches=None):
+    for i, block in enumerate(self.blocks):
+      x = block(x, positions, key_valid, None if caches is None else caches[i])
+    return x
+
+
+class LMHead(nn.Module):
+  """Final RMSNorm and an untied projection to next-byte logits (float32)."""
+
+  def __init__(self, d: int, vocab_size: int):
+    super().__init__()
+    self.norm = RMSNorm(d)
+    self.proj = nn.Linear(d, vocab_size, bias=False)
+
+  def forward(self, x):
+    return self.proj(self.norm(x))
+
+
+# ------------------------------------------------------------------------------------ boundaries
+
+
+def chunk_index(actions):
+  """int64[B, L]: cumsum(a) - 1, the latest chunk complete at each position."""
+  return torch.cumsum((actions > 0.5).long(), dim=-1) - 1
+
+
+def forced_mask(shape, device):
+  t = torch.arange(shape[-1], device=device)
+  return ((t == 0) | (t == shape[-1] - 1)).expand(shape)
+
+
+def enforce_convention(sampled, capacity: int):
+  """Raw decisions {0,1}[B, L] -> executed float32[B, L]: first and last position forced, and
+  boundaries dropped once capacity - 1 chunks are closed before the last position."""
+  forced = forced_mask(sampled.shape, sampled.device)
+  s = torch.where(forced, 0.0, sampled.float())
+  room = (torch.cumsum(s, dim=-1) - s) < capacity - 2
+  return torch.where(forced, 1.0, s * room)
+
+
+@dataclasses.dataclass
+class Boundaries:
+  """A stage's executed boundaries float32[B, N] and what the model reads besides them."""
+
+  actions: torch.Tensor
+  logits: torch.Tensor
+  gate: Optional[torch.Tensor] = None  # Multiplier of the upsampled chunk output (forward ~1).
+  ema: Optional[torch.Tensor] = None  # H-Net's smoothing probabilities.
+
+
+def ste_gate(executed, probs):
+  """The forward value of tokjax's straight-through factor c + stopgrad(1 - c) (1 up to rounding)."""
+  c = torch.where(executed > 0.5, probs, 1.0 - probs)
+  return c + (1.0 - c)
+
+
+def restrict_to_valid(bnd: Boundaries, valid) -> Boundaries:
+  """Boundaries over a padded sequence (an inner stage's chunks): the last valid position forced,
+  none on padding."""
+  n = valid.sum(-1, keepdim=True)
+  last = torch.arange(valid.shape[-1], device=valid.device) == n - 1
+  actions = torch.where(last, 1.0, torch.where(valid, bnd.actions, 0.0))
+  gate = bnd.gate
+  if gate is not None:
+    flipped = (actions > 0.5) != (bnd.actions > 0.5)
+    gate = torch.where(flipped, 2.0 - gate, gate)
+  return dataclasses.replace(bnd, actions=actions, gate=gate)
+
+
+def _uniform(shape, generator, device):
+  return torch.rand(shape, generator=generator, device=device)
+
+
+class Policy(nn.Module):
+  """The learned boundary policy (tokjax 'policy'): independent (window 1) or sequential."""
+
+  def __init__(
+      self, d: int, capacity: int, window: int = 1, scale: float = 1 / 16, form='auto', **unused
+  ):
+    super().__init__()
+    self.capacity, self.window, self.scale = capacity, window, scale
+    # 'plain': logit = x + bias; 'scaled': 6 tanh((s x + bias) / 6); 'auto': scaled for w > 1.
+    self.scaled = window > 1 if form == 'auto' else form == 'scaled'
+    self.proj = nn.Linear(d, window, bias=False)
+    self.bias = nn.Parameter(torch.zeros(()))
+
+  def _form(self, x):
+    if not self.scaled:
+      return x + self.bias
+    return SOFTCAP * torch.tanh((self.scale * x + self.bias) / SOFTCAP)
+
+  def _logits(self, v, executed):
+    w = self.window
+    x = v[..., w - 1]
+    for k in range(1, w):
+      shifted = F.pad(executed, (k, 0))[:, : executed.shape[1]]
+      x = x + v[..., w - 1 - k] * shifted
+    return self._form(x)
+
+  def _sequential(self, v, uniforms):
+    """Draws one position at a time, each given the previous w - 1 executed decisions."""
+    b, l, w = v.shape
+    history = torch.zeros(b, w - 1, device=v.device)
+    count = torch.zeros(b, device=v.device)
+    samples = []
+    for t in range(l):
+      v_t = v[:, t]
+      p = torch.sigmoid(self._form(v_t[:, w - 1] + (v_t[:, : w - 1].flip(-1) * history).sum(-1)))
+      sample = (uniforms[:, t] < p).float()
+      forced = t == 0 or t == l - 1
+      executed = torch.ones_like(sample) if forced else sample * (count < self.capacity - 2)
+      if not forced:
+        count = count + executed
+      history = torch.cat([executed[:, None], history[:, :-1]], dim=1)
+      samples.append(sample)
+    return torch.stack(samples, dim=1)
+
+  def forward(self, h, mode, actions=None, tokens=None, early_logits=None, generator=None):
+    del tokens, early_logits
+    v = self.proj(h.float())
+    if mode == 'given':
+      sampled = actions
+    elif self.window == 1:
+      logits0 = self._form(v[..., 0])
+      if mode == 'greedy':
+        sampled = (logits0 > 0).float()
+      else:
+        sampled = (_uniform(logits0.shape, generator, h.device) < torch.sigmoid(logits0)).float()
+    else:
+      shape = h.shape[:2]
+      u = torch.full(shape, 0.5, device=h.device) if mode == 'greedy' else None
+      sampled = self._sequential(v, _uniform(shape, generator, h.device) if u is None else u)
+    executed = enforce_convention(sampled, self.capacity)
+    return Boundaries(executed, self._logits(v, executed))
+
+
+class HNetRouter(nn.Module):
+  """H-Net dynamic chunking (tokjax 'hnet'): p_t = (1 - cos(W_q h_t, W_k h_{t-1})) / 2."""
+
+  def __init__(self, d: int, capacity: int, **unused):
+    super().__init__()
+    self.capacity = capacity
+    self.q = nn.Linear(d, d, bias=False)
+    self.k = nn.Linear(d, d, bias=False)
+
+  def forward(self, h, mode, actions=None, tokens=None, early_logits=None, generator=None):
+    h = h.float()
+    q, k = self.q(h), self.k(h)
+    k_prev = F.pad(k, (0, 0, 1, 0))[:, :-1]
+    cos = (q * k_prev).sum(-1) * torch.rsqrt((q * q).sum(-1) * (k_prev * k_prev).sum(-1) + 1e-8)
+    p = torch.clamp((1.0 - cos) / 2.0, 0.0, 1.0)
+    p = torch.cat([torch.ones_like(p[:, :1]), p[:, 1:]], dim=1)
+    sampled = actions if mode == 'given' else (p >= 0.5).float()
+    executed = enforce_convention(sampled, self.capacity)
+    logits = torch.log(p.clamp(1e-6, 1.0)) - torch.log((1.0 - p).clamp(1e-6, 1.0))
+    return Boundaries(executed, logits, gate=ste_gate(executed, p), ema=p)
+
+
+class GumbelPooling(nn.Module):
+  """Dynamic token pooling (tokjax 'gumbel'): a Gumbel-sigmoid over an MLP's logit."""
+
+  def __init__(self, d: int, capacity: int, temperature: float = 1.0, **unused):
+    super().__init__()
+    self.capacity, self.temperature = capacity, temperature
+    self.mlp_in = nn.Linear(d, d)
+    self.mlp_out = nn.Linear(d, 1)
+
+  def forward(self, h, mode, actions=None, tokens=None, early_logits=None, generator=None):
+    logits = self.mlp_out(gelu(self.mlp_in(h.float())))[..., 0]
+    if mode == 'sample':
+      u = _uniform(logits.shape, generator, h.device).clamp(1e-6, 1.0 - 1e-6)
+      soft = torch.sigmoid((logits + torch.log(u) - torch.log1p(-u)) / self.temperature)
+    else:
+      soft = torch.sigmoid(logits / self.temperature)
+    sampled = actions if mode == 'given' else (soft > 0.5).float()
+    executed = enforce_convention(sampled, self.capacity)
+    return Boundaries(executed, logits, gate=ste_gate(executed, soft))
+
+
+class EntropySpikes(nn.Module):
+  """BLT's entropy spikes (tokjax 'entropy'): a boundary where the early head's entropy exceeds a
+  learned threshold."""
+
+  THRESHOLD_SCALE = 30.0
+
+  def __init__(self, d: int, capacity: int, **unused):
+    super().__init__()
+    self.capacity = capacity
+    self.threshold = nn.Parameter(torch.zeros(()))
+
+  def forward(self, h, mode, actions=None, tokens=None, early_logits=None, generator=None):
+    logp = torch.log_softmax(early_logits.float(), dim=-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    theta = self.THRESHOLD_SCALE * self.threshold
+    sampled = actions if mode == 'given' else (ent > theta).float()
+    return Boundaries(enforce_convention(sampled, self.capacity), ent - theta)
+
+
+def _spacelike(t):
+  digit_or_letter = ((t >= 48) & (t <= 57)) | ((t >= 65) & (t <= 90)) | ((t >= 97) & (t <= 122))
+  continuation = (t >= 0x80) & (t <= 0xBF)
+  return ((t < 256) & ~digit_or_letter & ~continuation) | (t == BOS_ID)
+
+
+class Whitespace(nn.Module):
+  """SpaceByte's rule (tokjax 'whitespace'): a chunk ends at the first spacelike byte of a run."""
+
+  def __init__(self, d: int, capacity: int, **unused):
+    super().__init__()
+    self.capacity = capacity
+
+  def forward(self, h, mode, actions=None, tokens=None, early_logits=None, generator=None):
+    s = _spacelike(tokens)
+    prev = F.pad(s, (1, 0))[:, :-1]
+    sampled = actions if mode == 'given' else (s & ~prev).float()
+    executed = enforce_convention(sampled, self.capacity)
+    return Boundaries(executed, torch.zeros_like(executed))
+
+
+class Stride(nn.Module):
+  """A chunk every round(1 / target_rate) positions (tokjax 'stride')."""
+
+  def __init__(self, d: int, capacity: int, target_rate: float = 0.2, **unused):
+    super().__init__()
+    self.capacity, self.every = capacity, max(1, round(1.0 / target_rate))
+
+  def forward(self, h, mode, actions=None, tokens=None, early_logits=None, generator=None):
+    rule = ((torch.arange(h.shape[1], device=h.device) + 1) % self.every == 0).float()
+    sampled = actions if mode == 'given' else rule.expand(h.shape[:2])
+    executed = enforce_convention(sampled, self.capacity)
+    return Boundaries(executed, torch.zeros_like(executed))
+
+
+BOUNDARY_METHODS = {
+    'policy': Policy,
+    'hnet': HNetRouter,
+    'gumbel': GumbelPooling,
+    'entropy': EntropySpikes,
+    'whitespace': Whitespace,
+    'stride': Stride,
+}
+
+
+def build_boundary(stage: dict, d: int) -> nn.Module:
+  settings = {k: v for k, v in stage.items() if k != 'method'}
+  return BOUNDARY_METHODS[stage['method']](d, **settings)
+
+
+# ----------------------------------------------------------------------------- chunks and stages
+
+
+def downsample(x, actions, capacity: int):
+  """x: [B, N, D], actions {0,1}[B, N] -> (chunks [B, C, D], ends int64[B, C] (N on empty
+  slots), valid bool[B, C]): the state at each chunk's last position; chunks past C are dropped."""
+  b, n = actions.shape
+  is_end = actions > 0.5
+  index = chunk_index(actions)
+  slot = torch.where(is_end & (index < capacity), index, capacity)
+  ends = torch.full((b, capacity + 1), n, dtype=torch.long, device=x.device)
+  ends.scatter_(1, slot, torch.arange(n, device=x.device).expand(b, n))
+  ends = ends[:, :capacity]
+  valid = ends < n
+  chunks = torch.gather(x, 1, ends.clamp(max=n - 1)[..., None].expand(-1, -1, x.shape[-1]))
+  return chunks * valid[..., None].to(x.dtype), ends, valid
+
+
+def upsample(x, chunk_out, actions, gate=None):
+  """y_t = x_t + gate_t * Y[j(t)], Y[j(t)] the latest chunk ending at or before t."""
+  j = chunk_index(actions).clamp(0, chunk_out.shape[1] - 1)
+  y = torch.gather(chunk_out, 1, j[..., None].expand(-1, -1, chunk_out.shape[-1]))
+  if gate is not None:
+    y = y * gate[..., None]
+  return x + y
+
+
+def ema_chunks(chunk_out, probs, ends):
+  """H-Net smoothing zbar_j = P_j z_j + (1 - P_j) zbar_{j-1}, P_j = probs at chunk j's end."""
+  n = probs.shape[1]
+  p = torch.gather(probs, 1, ends.clamp(max=n - 1))
+  p = torch.where(ends < n, p, 1.0)[..., None]
+  out, prev = [], torch.zeros_like(chunk_out[:, 0])
+  for j in range(chunk_out.shape[1]):
+    prev = p[:, j] * chunk_out[:, j] + (1.0 - p[:, j]) * prev
+    out.append(prev)
+  return torch.stack(out, dim=1)
+
+
+@dataclasses.dataclass
+class TokjaxCausalLMOutput(CausalLMOutput):
+  """CausalLMOutput with the boundaries of every stage.
+
+  boundaries: one float32[B, N_s] per stage, stage 0's over bytes (what `boundaries=` takes back).
+  byte_boundaries: float32[B, S, L], every stage's chunk ends marked on bytes.
+  early_logits: float32[B, L, V], stage 0's early-exit logits.
+  values: float32[B, L], the critic's predicted returns (a model with a value head).
+  """
+
+  boundaries: Optional[tuple] = None
+  byte_boundaries: Optional[torch.Tensor] = None
+  early_logits: Optional[torch.Tensor] = None
+  values: Optional[torch.Tensor] = None
+
+
+class Critic(nn.Module):
+
+  def __init__(self, d: int):
+    super().__init__()
+    self.hidden = nn.Linear(d, d)
+    self.out = nn.Linear(d, 1)
+
+  def forward(self, h):
+    return self.out(gelu(self.hidden(h.float())))[..., 0]
+
+
+class TokjaxPreTrainedModel(PreTrainedModel):
+  config_class = TokjaxConfig
+  base_model_prefix = 'tokjax'
+  main_input_name = 'input_ids'
+  _no_split_modules = ['Block']
+
+  def _init_weights(self, module):
+    # Every parameter comes from the export (from_pretrained refuses a folder that lacks one), so
+    # nothing is drawn here.
+    del module
+
+  @classmethod
+  def from_pretrained(cls, *args, **kwargs):
+    """transformers' from_pretrained, refusing a checkpoint with missing or unexpected weights
+    (never a silent random init)."""
+    want_info = kwargs.pop('output_loading_info', False)
+    model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+    bad = {k: sorted(v) for k, v in info.items() if k in ('missing_keys', 'unexpected_keys') and v}
+    if bad:
+      raise ValueError(f'the checkpoint does not fit the tokjax model: {bad}')
+    return (model, info) if want_info else model
+
+
+class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
+  """tokjax's hierarchical byte LM (S stages of boundaries) or its flat Transformer."""
+
+  def __init__(self, config: TokjaxConfig):
+    super().__init__(config)
+    c = config
+    d, h = c.d_model, c.num_heads
+    self.embed = nn.Embedding(c.vocab_size, d)
+    if c.kind == 'flat':
+      self.layers = Stack(c.num_layers, d, h, c.mlp_ratio * d, c.byte_window)
+      self.head = LMHead(d, c.vocab_size)
+    else:
+      byte_mlp, chunk_mlp = c.byte_mlp_ratio * d, c.main_mlp_ratio * d
+      self.encoder = Stack(c.encoder_layers, d, h, byte_mlp, c.byte_window)
+      self.main = Stack(c.main_layers, d, h, chunk_mlp, 0)
+      self.decoder = Stack(c.decoder_layers, d, h, byte_mlp, c.byte_window)
+      self.early_head = LMHead(d, c.vocab_size)
+      self.head = LMHead(d, c.vocab_size)
+      self.boundary = build_boundary(c.stages[0], d)
+      inner = c.stages[1:]
+      self.inner_boundaries = nn.ModuleList(build_boundary(self._method(st), d) for st in inner)
+      self.inner_encoders = nn.ModuleList(
+          Stack(st['encoder_layers'], d, h, chunk_mlp, st['layer_window']) for st in inner
+      )
+      self.inner_decoders = nn.ModuleList(
+          Stack(st['decoder_layers'], d, h, chunk_mlp, st['layer_window']) for st in inner
+      )
+      self.inner_early_heads = nn.ModuleList(LMHead(d, c.vocab_size) for _ in inner)
+      if c.value_head:
+        self.critic = Critic(d)
+    self.post_init()
+
+  @staticmethod
+  def _method(stage: dict) -> dict:
+    """A stage's boundary-method settings (its layer settings removed)."""
+    return {
+        k: v
+        for k, v in stage.items()
+        if k not in ('encoder_layers', 'decoder_layers', 'layer_window')
+    }
+
+  @property
+  def num_stages(self) -> int:
+    return 0 if self.config.kind == 'flat' else len(self.config.stages)
+
+  def get_input_embeddings(self):
+    return self.embed
+
+  def forward(
+      self,
+      input_ids,
+      attention_mask=None,
+      boundaries=None,
+      do_sample: bool = False,
+      generator=None,
+      labels=None,
+      return_dict=None,
+      **unused,
+  ):
+    """input_ids: int[B, L] -> TokjaxCausalLMOutput (logits float32[B, L, V]).
+
+    boundaries: given boundaries, float[B, L] for stage 0 or a tuple with one per stage (None for a
+    stage that decides its own); the other stages draw theirs (do_sample=True, with `generator`:
+    a torch.Generator) or take the greedy ones (the default). attention_mask: only right padding
+    is supported (the model is causal: padding after a row leaves its logits unchanged).
+    labels: int[B, L] of the same bytes; the loss is the mean next-byte cross-entropy (-100 ignored).
+    """
+    del return_dict, unused
+    if attention_mask is not None and not bool(attention_mask.bool().all()):
+      am = attention_mask.bool()
+      if bool((am[:, 1:] & ~am[:, :-1]).any()):
+        raise ValueError('tokjax models take right padding only (the model is causal in bytes).')
+    tokens = input_ids.long()
+    if self.config.kind == 'flat':
+      positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+      out = TokjaxCausalLMOutput(logits=self.head(self.layers(self.embed(tokens), positions)))
+    else:
+      mode = 'sample' if do_sample else 'greedy'
+      l = tokens.shape[1]
+      if boundaries is None and l < self.config.max_position_embeddings:
+        # A row shorter than training's is open-ended (a prompt, a scored text): one spare PAD
+        # position takes the convention's forced last boundary, which would otherwise override
+        # the decision at the row's last byte (as tokjax's generation and lm-eval rows do).
+        spare = F.pad(tokens, (0, 1), value=PAD_ID)
+        out = self._hierarchical(spare, None, mode, generator)
+        out.logits, out.early_logits = out.logits[:, :l], out.early_logits[:, :l]
+        out.byte_boundaries = out.byte_boundaries[..., :l]
+        out.boundaries = (out.boundaries[0][:, :l],) + out.boundaries[1:]
+        if out.values is not None:
+          out.values = out.values[:, :l]
+      else:
+        out = self._hierarchical(tokens, boundaries, mode, generator)
+    if labels is not None:
+      out.loss = F.cross_entropy(
+          out.logits[:, :-1].reshape(-1, out.logits.shape[-1]),
+          labels[:, 1:].reshape(-1).long(),
+          ignore_index=-100,
+      )
+    return out
+
+  def _hierarchical(self, tokens, given, mode, generator):
+    s_count = self.num_stages
+    given = tuple(given) if isinstance(given, (tuple, list)) else (given,) + (None,) * (s_count - 1)
+    given = given + (None,) * (s_count - len(given))
+    methods = [self.boundary, *self.inner_boundaries]
+    capacities = [st['capacity'] for st in self.config.stages]
+    b, l = tokens.shape
+    positions = torch.arange(l, device=tokens.device).expand(b, l)
+    h = self.encoder(self.embed(tokens), positions)
+    early_logits = self.early_head(h)
+    x, valid, stage_tokens = h, None, tokens
+    levels = []
+    for s in range(s_count):
+      bnd = methods[s](
+          x,
+          'given' if given[s] is not None else mode,
+          actions=None if given[s] is None else given[s].float(),
+          tokens=stage_tokens,
+          early_logits=early_logits if s == 0 else None,
+          generator=generator,
+      )
+      if s > 0:
+        bnd = restrict_to_valid(bnd, valid)
+      chunks, index, chunk_valid = downsample(x, bnd.actions, capacities[s])
+      at = index.clamp(max=x.shape[1] - 1)
+      levels.append(dict(x=x, positions=positions, valid=valid, boundaries=bnd, index=index))
+      positions = torch.where(chunk_valid, torch.gather(positions, 1, at), l)
+      stage_tokens = torch.where(chunk_valid, torch.gather(stage_tokens, 1, at), PAD_ID)
+      valid = chunk_valid
+      if s + 1 < s_count:
+        x = self.inner_encoders[s](chunks, positions, valid)
+      else:
+        out = self.main(chunks, positions, valid)
+    for s in reversed(range(s_count)):
+      lv = levels[s]
+      bnd = lv['boundaries']
+      if bnd.ema is not None:
+        out = ema_chunks(out, bnd.ema, lv['index'])
+      out = upsample(lv['x'], out, bnd.actions, bnd.gate)
+      if s > 0:
+        out = self.inner_decoders[s - 1](out, lv['positions'], lv['valid'])
+    logits = self.head(self.decoder(out, levels[0]['positions']))
+    return TokjaxCausalLMOutput(
+        logits=logits,
+        boundaries=tuple(lv['boundaries'].actions for lv in levels),
+        byte_boundaries=torch.stack(self._on_bytes(levels, l), dim=1),
+        early_logits=early_logits,
+        values=self.critic(h) if self.config.value_head else None,
+    )
+
+  @staticmethod
+  def _on_bytes(levels, l):
+    """Every stage's chunk ends marked on bytes: S float32[B, L]."""
+    first = levels[0]['boundaries'].actions
+    out = [first]
+    for lv in levels[1:]:
+      at = torch.where(lv['valid'], lv['positions'], l)
+      ends = lv['boundaries'].actions * lv['valid']
+      marks = torch.zeros(first.shape[0], l + 1, device=first.device)
+      marks.scatter_reduce_(1, at, ends, reduce='amax')
+      out.append(marks[:, :l])
+    return out
+
+  @classmethod
+  def _supports_default_dynamic_cache(cls) -> bool:
+    return False  # Not a per-layer key/value model: generation reruns the causal forward.
+
+  def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
+    del kwargs
+    return {'input_ids': input_ids, 'attention_mask': attention_mask}

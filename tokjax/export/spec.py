@@ -1,0 +1,89 @@
+"""A tokjax config read as the exported model's config.json fields (configuration_tokjax.py).
+
+Every per-stage setting is read through `stage_settings`, the one place that knows how a config
+spells its stages (today through `tokjax.models.stage_views`).
+"""
+
+import dataclasses
+
+from tokjax import models
+from tokjax.errors import UserError
+from tokjax.models import registry, stage_views
+from tokjax.vocab import BOS_ID, PAD_ID, VOCAB_SIZE
+
+# The methods the PyTorch port implements (modeling_tokjax.BOUNDARY_METHODS, which this module
+# cannot import without torch).
+EXPORTABLE = ('policy', 'hnet', 'gumbel', 'entropy', 'whitespace', 'stride')
+# Why a registered method is not exported.
+REFUSED = {
+    'uniform': (
+        "its boundaries are draws of JAX's random generator in every mode, greedy included, "
+        'which PyTorch cannot reproduce'
+    ),
+    'bpe': 'the PyTorch port has no BPE tokenizer pass yet',
+}
+# Fields of flax modules that are not settings.
+_MODULE_FIELDS = ('parent', 'name')
+
+
+def check_exportable(config) -> None:
+  """UserError naming the first stage's method that cannot be exported."""
+  for s in range(models.num_stages(config)):
+    method = stage_views.stage_method(config, s)
+    registry.get(method)  # An unregistered one: the registry's own line.
+    if method not in EXPORTABLE:
+      why = REFUSED.get(method, 'the PyTorch port does not implement it')
+      where = 'config.boundary.method' if s == 0 else f'config.stages.method[{s - 1}]'
+      raise UserError(
+          f'{where}={method!r} cannot be exported: {why}; export a run of one of {EXPORTABLE}.'
+      )
+
+
+def stage_settings(config, s: int) -> dict:
+  """Stage s's entry of config.json 'stages': its method, capacity and the method's own settings
+  (the fields of the module the registry builds for it), and for s >= 1 its chunk layers."""
+  view = stage_views.stage_config(config, s)
+  module = models.build_boundary(view)
+  entry = {'method': stage_views.stage_method(config, s)}
+  if dataclasses.is_dataclass(module):
+    for f in dataclasses.fields(module):
+      value = getattr(module, f.name)
+      if f.name not in _MODULE_FIELDS and isinstance(value, (int, float, str, bool)):
+        entry[f.name] = value
+  entry['capacity'] = int(view.model.capacity)
+  if s:
+    entry.update(
+        encoder_layers=int(config.stages.encoder_layers[s - 1]),
+        decoder_layers=int(config.stages.decoder_layers[s - 1]),
+        layer_window=int(config.stages.window[s - 1]),
+    )
+  return entry
+
+
+def hf_config(config) -> dict:
+  """The TokjaxConfig fields of a tokjax config (the model part; provenance is added by the
+  exporter)."""
+  m = config.model
+  fields = dict(
+      kind=m.kind,
+      vocab_size=VOCAB_SIZE,
+      bos_token_id=BOS_ID,
+      pad_token_id=PAD_ID,
+      d_model=int(m.d_model),
+      num_heads=int(m.num_heads),
+      byte_window=int(m.byte_window),
+      max_position_embeddings=int(config.data.seq_len),
+  )
+  if m.kind == 'flat':
+    fields.update(num_layers=int(m.num_layers), mlp_ratio=int(m.mlp_ratio))
+    return fields
+  fields.update(
+      encoder_layers=int(m.encoder_layers),
+      main_layers=int(m.main_layers),
+      decoder_layers=int(m.decoder_layers),
+      byte_mlp_ratio=int(m.byte_mlp_ratio),
+      main_mlp_ratio=int(m.main_mlp_ratio),
+      stages=[stage_settings(config, s) for s in range(models.num_stages(config))],
+      value_head=bool(models.trains_critic(config)),
+  )
+  return fields
