@@ -18,8 +18,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_committed_runs_read_back_at_the_default_batch_under_their_own_names():
-  """Every committed ladder and ablation run (spec.json or result.json written before the batch was
-  a field) is read as a run at the config's batch whose name is its folder's."""
+  """Every committed ladder and ablation run is read back under its folder's name: those written
+  before the batch was a field (no '-B' in the name) at the config's batch."""
   dirs = sorted(
       os.path.dirname(p)
       for p in glob.glob(
@@ -29,7 +29,8 @@ def test_committed_runs_read_back_at_the_default_batch_under_their_own_names():
   assert len(dirs) > 100
   for d in dirs:
     run, _ = ladder.read_spec(d)
-    assert run.batch_size is None and run.name == os.path.basename(d), d
+    assert run.name == os.path.basename(d), d
+    assert (run.batch_size is None) == ('-B' not in run.name), d
 
 
 def test_a_batch_other_than_the_configs_names_its_runs():
