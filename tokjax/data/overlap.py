@@ -15,6 +15,7 @@ import numpy as np
 WINDOW_BYTES = 64  # Long enough that a shared window is shared text, not a common phrase.
 NUM_WINDOWS = 1000
 MAX_SHARE = 0.01  # Cross sets above this share are not out of domain (the ladder refuses them).
+SEPARATOR = b'\x00'  # Joins the training documents for one search (`verbatim_share`).
 
 
 def verbatim_share(
@@ -58,5 +59,3 @@ def verbatim_share(
         found += w in joined
   return found / len(windows), len(windows)
 
-
-SEPARATOR = b'\x00'

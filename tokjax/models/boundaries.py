@@ -304,7 +304,7 @@ def _build(config):
       window=b.policy.window,
       scale=b.policy.scale,
       capacity=config.model.capacity,
-      form=b.policy.get('form', 'auto'),  # Configs saved before the field have today's 'auto'.
+      form=b.policy.form,
   )
 
 
@@ -314,7 +314,7 @@ def _validate(config):
     raise UserError(f'config.boundary.policy.window={p.window!r} must be an integer >= 1.')
   if not p.scale > 0:
     raise UserError(f'config.boundary.policy.scale={p.scale!r} must be positive (1/16 is usual).')
-  if p.get('form', 'auto') not in FORMS:
+  if p.form not in FORMS:
     raise UserError(
         f'config.boundary.policy.form={p.form!r} must be one of {", ".join(map(repr, FORMS))} '
         "('auto': plain for window 1, scaled above)."
