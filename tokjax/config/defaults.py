@@ -23,8 +23,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0  # Parameter init, boundary draws and the order of training batches.
 
   c.data = dict(
-      # 'stdlib_docs' (English: the standard library's docstrings and help() topics) | 'stdlib' (its
-      # source code) | 'shakespeare' | 'bible' | 'hf:fineweb' | 'hf:codeparrot' | 'prepared:DIR' | a path.
+      # A registered name (docs/data.md's table), 'prepared:DIR', 'hf:FILE.parquet' or a path.
       corpus='stdlib_docs',
       data_dir='',  # Cache of prepared corpora ('' = $TOKJAX_DATA_DIR or ~/.cache/tokjax).
       max_bytes=0,  # Read at most this many bytes of documents (0 = all).

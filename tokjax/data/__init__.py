@@ -1,10 +1,10 @@
 """Byte-level data: corpora -> documents (bytes) -> packed grain batches.
 
 Modules:
+  registry: the named corpora, one declaration each (catalog.py declares the built-in ones).
   corpora: `load_documents(spec)` turns a corpus spec into a list of documents.
-  prepare: `python -m tokjax.data.prepare {shakespeare,bible}` downloads corpora (shakespeare also
-    ships with tokjax: shakespeare.txt.xz);
-    `... prepare SPEC --out DIR` writes any corpus as ArrayRecord shards.
+  prepare: `python -m tokjax.data.prepare NAME` downloads a registered corpus that has a fetch;
+    `... prepare SPEC --out DIR` writes any corpus as ArrayRecord shards; `--list` lists them.
   shards: the prepared-folder format: writing, checking, random-access reading.
   pipeline: splits, packing, train iterator, eval batches, `build_data(config)`
     (in memory, or 'prepared:DIR' by random access).

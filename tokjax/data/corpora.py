@@ -1,12 +1,8 @@
 """Corpus specs -> documents (list[bytes]).
 
 A spec is one of:
-  "stdlib"                 this Python's standard library .py files (no download)
-  "stdlib_docs"            English from the standard library: its long docstrings and pydoc topics
-  "shakespeare"            Shakespeare's plays and poems (5.06 MB), shipped with tokjax
-                           (shakespeare.txt.xz here: the bytes `prepare shakespeare` writes)
-  "bible"                  prepared with `python -m tokjax.data.prepare bible`
-  "hf:fineweb", "hf:codeparrot"   Hugging Face streaming (`pip install -e .[hf]`)
+  NAME                     a registered corpus: tokjax/data/catalog.py declares them, docs/data.md's
+                           table lists them (`python -m tokjax.data.prepare --list`)
   "hf:PATH.parquet", "hf:PATH.jsonl[#FIELD]"   local table, field "text" by default
   anything else            a local file, a folder (recursively) or a glob pattern
 ("prepared:DIR", a folder written by `python -m tokjax.data.prepare SPEC --out DIR`, is read by
@@ -17,7 +13,8 @@ pseudo-documents at newlines, because train/val/test splits are by document.
 """
 
 import ast
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+import difflib
 import functools
 import glob
 import hashlib
@@ -31,19 +28,8 @@ import sysconfig
 from absl import logging
 import numpy as np
 
+from tokjax.data import registry
 from tokjax.errors import UserError
-
-# The downloaded corpora (`python -m tokjax.data.prepare NAME` writes them) and where they are cached:
-# the data folder is this module's policy, read by prepare and shards too.
-CORPUS_FILES = {"shakespeare": "shakespeare.txt", "bible": "bible.txt"}
-# The downloaded corpora that also ship with tokjax, xz-compressed beside this module, and the sha256
-# of their bytes: a prepared copy in the cache is read only when it holds these bytes.
-EMBEDDED = {
-    "shakespeare": (
-        "shakespeare.txt.xz",
-        "da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387",
-    )
-}
 
 
 def default_data_dir() -> Path:
@@ -52,8 +38,8 @@ def default_data_dir() -> Path:
 
 
 def corpus_path(name: str, data_dir: str | os.PathLike | None = None) -> Path:
-  """Where the prepared corpus `name` ("shakespeare" or "bible") lives."""
-  return Path(data_dir or default_data_dir()).expanduser() / CORPUS_FILES[name]
+  """Where `python -m tokjax.data.prepare NAME` writes the registered corpus `name`."""
+  return Path(data_dir or default_data_dir()).expanduser() / f"{name}.txt"
 
 
 # Directory names whose .py files are tests or third-party code, not stdlib.
@@ -61,18 +47,15 @@ _STDLIB_SKIP_DIRS = frozenset(
     {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 )
 
-# name -> (dataset, config name, text field, keep docs longer than this many bytes).
-_HF_STREAMS = {
-    "fineweb": ("HuggingFaceFW/fineweb", "sample-100BT", "text", 4096),
-    "codeparrot": ("codeparrot/codeparrot-clean", None, "content", 0),
-}
-# Streams are effectively endless, so they get a cap even without max_bytes.
-HF_STREAM_DEFAULT_MAX_BYTES = 100 * 2**20
 
-_HELP_SPECS = (
-    "use 'stdlib', 'shakespeare', 'bible', 'hf:fineweb', 'hf:codeparrot', "
-    "'hf:PATH.parquet', 'hf:PATH.jsonl#FIELD', or an existing file, folder or glob"
-)
+def _spec_help(spec: str) -> str:
+  """How to name a corpus, with every registered name, so that the list cannot fall behind them."""
+  close = difflib.get_close_matches(spec, registry.names(), n=1)
+  guess = f"did you mean {close[0]!r}? " if close else ""
+  return (
+      f"{guess}use a registered corpus ({', '.join(registry.names())}), 'hf:PATH.parquet', "
+      "'hf:PATH.jsonl#FIELD', or an existing file, folder or glob (docs/data.md)"
+  )
 
 
 def split_long_document(doc: bytes, target_bytes: int = 32768) -> list[bytes]:
@@ -118,11 +101,13 @@ def document_clusters(spec: str, docs, data_dir: str | None = None) -> list[int]
   comes from, as an index in the corpus: the unit of a clustered standard error
   (`tokjax.significance.paired_difference`), since pieces cut from one unit share its text.
 
-  For "shakespeare" a unit is a work, play or poem (`shakespeare_works`; a piece that spans two
-  works belongs to the one with more of its bytes); for "stdlib" a source file; for "stdlib_docs"
-  one module's docstrings or one pydoc topic; for any other spec a document as its source yields
-  it (a file, a table row) before `split_long_document` cuts it. Identical documents share the
-  first one's unit. UserError when a document is not one of the corpus's.
+  A unit is what the corpus's registered `units` finds in a document as its source yields it: for
+  "shakespeare" a work, play or poem (`shakespeare_works`; a piece that spans two works belongs to
+  the one with more of its bytes). A corpus without `units`, and any spec that is not a registered
+  name, has one unit per such document (a file, a table row, for "stdlib" a source file, for
+  "stdlib_docs" one module's docstrings or one pydoc topic) before `split_long_document` cuts it.
+  Identical documents share the first one's unit. UserError when a document is not one of the
+  corpus's.
   """
   unit_of = _unit_of_document(spec, data_dir)
   out = []
@@ -139,20 +124,23 @@ def document_clusters(spec: str, docs, data_dir: str | None = None) -> list[int]
 
 @functools.lru_cache(maxsize=4)
 def _unit_of_document(spec: str, data_dir: str | None) -> dict[bytes, int]:
-  unit_of = {}
-  for i, raw in enumerate(_raw_documents(spec, data_dir)):
+  corpus = registry.find(spec)
+  unit_of, units_before = {}, 0
+  for raw in _raw_documents(spec, data_dir):
     pieces = split_long_document(raw)
-    if spec == "shakespeare":
-      starts = [w for w, _ in shakespeare_works(raw)]
+    starts = corpus.units(raw) if corpus and corpus.units else []
+    if starts:
       offsets = np.cumsum([0] + [len(p) for p in pieces])
       for piece, lo, hi in zip(pieces, offsets[:-1], offsets[1:]):
         # Bytes of the piece in each work: work k spans [starts[k], starts[k + 1]).
         bounds = np.clip(np.array(starts[1:] + [len(raw)]), lo, hi)
         inside = np.diff(np.concatenate([[lo], bounds]))
-        unit_of.setdefault(piece, int(np.argmax(inside)))
+        unit_of.setdefault(piece, units_before + int(np.argmax(inside)))
+      units_before += len(starts)
     else:
       for piece in pieces:
-        unit_of.setdefault(piece, i)
+        unit_of.setdefault(piece, units_before)
+      units_before += 1
   return unit_of
 
 
@@ -164,6 +152,11 @@ def stdlib_files() -> list[Path]:
     dirnames[:] = [d for d in dirnames if d not in _STDLIB_SKIP_DIRS]
     files += [Path(dirpath, f) for f in filenames if f.endswith(".py")]
   return sorted(files)
+
+
+def stdlib_sources() -> Iterator[bytes]:
+  """The bytes of each of `stdlib_files`, in order."""
+  return (p.read_bytes() for p in stdlib_files())
 
 
 def stdlib_docstrings(min_chars: int = 200) -> Iterator[bytes]:
@@ -228,8 +221,9 @@ def iter_documents(
         f"{spec!r} is already prepared; train on it with --config.data.corpus={spec}, "
         "or prepare its source spec again"
     )
-  if max_bytes is None and spec.startswith("hf:") and spec[3:] in _HF_STREAMS:
-    max_bytes = HF_STREAM_DEFAULT_MAX_BYTES
+  corpus = registry.find(spec)
+  if max_bytes is None and corpus is not None:
+    max_bytes = corpus.max_bytes
   # Sources are lazy, so a small max_bytes reads only a prefix of the corpus. Errors about the spec
   # itself come before the first document is asked for.
   raw_documents = _raw_documents(spec, data_dir)
@@ -245,18 +239,17 @@ def _capped(raw_documents: Iterator[bytes], spec: str, max_bytes: int | None) ->
       yield doc
       total += len(doc)
   if not total:
-    raise UserError(f"corpus {spec!r} has no non-empty documents; {_HELP_SPECS}")
+    raise UserError(f"corpus {spec!r} has no non-empty documents; {_spec_help(spec)}")
 
 
 def _raw_documents(spec: str, data_dir: str | None) -> Iterator[bytes]:
-  if spec == "stdlib":
-    return (p.read_bytes() for p in stdlib_files())
-  if spec == "stdlib_docs":
-    return stdlib_docstrings()
-  if spec in CORPUS_FILES:
+  corpus = registry.find(spec)
+  if corpus is not None and corpus.read is not None:
+    return iter(corpus.read())
+  if corpus is not None:
     path = corpus_path(spec, data_dir)
-    if spec in EMBEDDED:
-      return iter([_shipped_bytes(spec, path)])
+    if corpus.shipped is not None:
+      return iter([_shipped_bytes(corpus, path)])
     if path.is_file():
       return iter([path.read_bytes()])
     raise UserError(
@@ -268,30 +261,30 @@ def _raw_documents(spec: str, data_dir: str | None) -> Iterator[bytes]:
   return _local_documents(spec)
 
 
-def _shipped_bytes(name: str, path: Path) -> bytes:
-  """The corpus `name` as shipped, read from its prepared copy at path when that copy holds the same
-  bytes (EMBEDDED's sha256). A copy that differs (an older download, an edited file) is left unread
+def _shipped_bytes(corpus: registry.Corpus, path: Path) -> bytes:
+  """The corpus as shipped, read from its prepared copy at path when that copy holds the same bytes
+  (its `shipped` sha256). A copy that differs (an older download, an edited file) is left unread
   with a warning: a stale cache must not change what a config trains on unless the user names it."""
   if path.is_file():
     data = path.read_bytes()
-    digest, shipped = hashlib.sha256(data).hexdigest(), EMBEDDED[name][1]
+    digest, shipped = hashlib.sha256(data).hexdigest(), corpus.shipped[1]
     if digest == shipped:
       return data
     logging.warning(
         "corpus %r: %s differs from the copy shipped with tokjax (sha256 %s..., not %s...), so the "
         "shipped copy is read; to train on that file name it: --config.data.corpus=%s",
-        name,
+        corpus.name,
         path,
         digest[:12],
         shipped[:12],
         path,
     )
-  return embedded_bytes(name)
+  return embedded_bytes(corpus.name)
 
 
 def embedded_bytes(name: str) -> bytes:
-  """The corpus `name` as shipped with tokjax (a key of EMBEDDED), decompressed."""
-  return lzma.decompress((Path(__file__).parent / EMBEDDED[name][0]).read_bytes())
+  """The registered corpus `name` as shipped with tokjax (its `shipped` file), decompressed."""
+  return lzma.decompress((Path(__file__).parent / registry.find(name).shipped[0]).read_bytes())
 
 
 def _local_documents(spec: str) -> Iterator[bytes]:
@@ -314,7 +307,7 @@ def _local_documents(spec: str) -> Iterator[bytes]:
           f"corpus glob {spec!r} matches no files; " "check the pattern (quote it in shells)"
       )
     return _read_files(files, f"corpus glob {spec!r}")
-  raise UserError(f"corpus path {spec!r} does not exist; {_HELP_SPECS}")
+  raise UserError(f"corpus path {spec!r} does not exist; {_spec_help(spec)}")
 
 
 def _folder_files(root: Path) -> list[Path]:
@@ -376,10 +369,15 @@ def _check_hub(path: str, spec: str) -> None:
     raise UserError(_hub_problem(path, spec, e)) from None
 
 
-def _hf_documents(spec: str) -> Iterator[bytes]:
-  name = spec.removeprefix("hf:")
-  if name in _HF_STREAMS:
-    path, config_name, field, min_bytes = _HF_STREAMS[name]
+def hf_stream(
+    spec: str, path: str, config_name: str | None, field: str, min_bytes: int = 0
+) -> Callable[[], Iterator[bytes]]:
+  """A registered corpus's `read`: the train split of the Hugging Face dataset `path` (its config
+  `config_name`), streamed, one document per row's `field` longer than `min_bytes`; `spec` names
+  the corpus in errors."""
+
+  def read() -> Iterator[bytes]:
+    # Errors about the install and the network come here, before the first document is asked for.
     datasets = _import_datasets()
     _check_hub(path, spec)
     try:
@@ -387,11 +385,17 @@ def _hf_documents(spec: str) -> Iterator[bytes]:
     except ConnectionError as e:
       raise UserError(_hub_problem(path, spec, e)) from None
     return (d for d in _field_documents(rows, field, spec) if len(d) > min_bytes)
+
+  return read
+
+
+def _hf_documents(spec: str) -> Iterator[bytes]:
+  name = spec.removeprefix("hf:")
   file, _, field = name.partition("#")
   file = Path(file).expanduser()
   kind = {".parquet": "parquet", ".jsonl": "json"}.get(file.suffix)
   if kind is None:
-    raise UserError(f"unknown Hugging Face corpus {spec!r}; {_HELP_SPECS}")
+    raise UserError(f"unknown Hugging Face corpus {spec!r}; {_spec_help(spec)}")
   if not file.is_file():
     raise UserError(f"corpus file {file} (from {spec!r}) does not exist; fix the path")
   # Read here, not through `datasets`: local tables need no extra install, and the same file gives

@@ -58,4 +58,3 @@ def verbatim_share(
       else:
         found += w in joined
   return found / len(windows), len(windows)
-

@@ -341,12 +341,17 @@ class Data:
   @functools.cached_property
   def test_batches(self) -> list[dict[str, np.ndarray]]:
     """Eval batches of the test split, built on first use."""
-    return make_eval_batches(
-        self.splits["test"],
+    return self._make_eval(
+        self._eval_source("test"),
         seq_len=self.seq_len,
         batch_size=self.eval_batch_size,
         max_batches=self.eval_max_batches,
     )
+
+  _make_eval = staticmethod(make_eval_batches)
+
+  def _eval_source(self, split: str):
+    return self.splits[split]
 
   def reference_bpb(self, split: str) -> dict[str, float]:
     """{"gzip": bpb, "xz": bpb} of the split (computed once, see compression.py)."""
@@ -368,24 +373,16 @@ class PreparedData(Data):
   readers: dict[str, shards.SplitReader] = dataclasses.field(default_factory=dict, repr=False)
   manifest: dict = dataclasses.field(default_factory=dict, repr=False)
 
-  @functools.cached_property
-  def test_batches(self) -> list[dict[str, np.ndarray]]:
-    return make_prepared_eval_batches(
-        self.readers["test"],
-        seq_len=self.seq_len,
-        batch_size=self.eval_batch_size,
-        max_batches=self.eval_max_batches,
-    )
+  _make_eval = staticmethod(make_prepared_eval_batches)
+
+  def _eval_source(self, split: str):
+    return self.readers[split]
 
   def reference_bpb(self, split: str) -> dict[str, float]:
-    if split not in self._bpb:
-      ref = self.manifest["reference_bpb"].get(split)
-      self._bpb[split] = (
-          {"gzip": ref["gzip"], "xz": ref["xz"]}
-          if ref
-          else compression.split_bpb(self.splits[split])
-      )
-    return self._bpb[split]
+    ref = self.manifest["reference_bpb"].get(split)
+    if ref and split not in self._bpb:
+      self._bpb[split] = {"gzip": ref["gzip"], "xz": ref["xz"]}
+    return super().reference_bpb(split)
 
 
 def load_splits(data_config, corpus: str | None = None) -> dict[str, Sequence[bytes]]:

