@@ -74,7 +74,20 @@ def test_steps_spend_the_budget_at_the_runs_own_batch_and_length(seq_len, batch,
 def test_an_override_of_the_runs_own_fields_is_refused(item, flag):
   run = ladder.Run('policy', 4e6, 0, 256, 8e-3, (item,))
   with pytest.raises(UserError, match=f'^override {item}: .* set it with .*{flag}'):
-    ladder.build_config(run)
+    ladder.check_overrides(run)
+
+
+def test_a_run_trained_with_such_an_override_is_still_read_but_never_trained(tmp_path):
+  """The main_job study's batch32 runs predate the refusal: their config reads back (reports
+  regenerate from them), and training one anew is refused before it starts."""
+  run = ladder.Run('policy', 2457600, 0, 256, 8e-3, ('data.batch_size=32',))
+  assert run.name in os.listdir(os.path.join(REPO, 'results', 'main_job', 'runs'))
+  assert ladder.build_config(run).data.batch_size == 32
+  run_dir = tmp_path / run.name
+  run_dir.mkdir()
+  ladder.write_spec(str(run_dir), run, ladder.Scoring())
+  with pytest.raises(UserError, match='^override data.batch_size=32: .* set it with --batch_size'):
+    ladder.work(str(run_dir))
 
 
 def test_the_ablation_plans_every_variant_at_the_given_length_and_batch():

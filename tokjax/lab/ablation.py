@@ -276,7 +276,9 @@ def main(argv):
   variants = {name: tuple(f.set) + tuple(o) for name, o in variants.items()}
   runs = plan(variants, seeds, f.budget, f.lr, f.corpus, f.tiny, f.seq_len, f.batch_size)
   for rs in runs.values():
-    ladder.build_config(rs[0])  # Bad overrides stop here with one line, before any run starts.
+    if not f.report:
+      ladder.check_overrides(rs[0])  # Bad overrides stop here with one line, before any starts.
+    ladder.build_config(rs[0])
   base = ladder.build_config(runs[REFERENCE][0])
   ladder.check_corpora([f.corpus], base.data)
   os.makedirs(os.path.join(f.out, 'runs'), exist_ok=True)

@@ -120,9 +120,9 @@ OWN_FIELDS = {
 }
 
 
-def build_config(run: Run):
-  """The run's config: configs/compare.py:METHOD with its corpus, seed, seq_len, batch, lr and
-  budget, then its overrides (UserError for one of OWN_FIELDS)."""
+def check_overrides(run: Run) -> None:
+  """UserError for an override of one of OWN_FIELDS, before the run trains. Reports still read runs
+  trained with such an override before the check existed (their studies say what it changed)."""
   for item in run.overrides:
     field = item.split('=', 1)[0]
     if field in OWN_FIELDS:
@@ -131,6 +131,10 @@ def build_config(run: Run):
           f'{OWN_FIELDS[field]}.'
       )
 
+
+def build_config(run: Run):
+  """The run's config: configs/compare.py:METHOD with its corpus, seed, seq_len, batch, lr and
+  budget, then its overrides (`check_overrides` refuses those that would change the first five)."""
   def variant(method):
     c = common.compare_config(method, run.corpus, tiny=run.tiny, seed=run.seed)
     c.data.seq_len = run.seq_len
@@ -191,6 +195,7 @@ def work(run_dir: str) -> dict:
   config = build_config(run)
   config.train.workdir = run_dir
   if result is None:
+    check_overrides(run)
     t0 = time.time()
     resume = _has_checkpoint(run_dir)
     try:
@@ -669,7 +674,9 @@ def main(argv):
   runs = plan(f.corpus, budgets, f.methods, seeds, seq_lens, lrs, overrides, f.tiny, f.batch_size)
   scoring = Scoring(f.unit_bytes, tuple(f.cross))
   for run in {dataclasses.replace(r, seed=0, budget=1e6) for r in runs}:
-    c = build_config(run)  # Bad overrides stop here with one line, before any run starts.
+    if not f.report:
+      check_overrides(run)  # Bad overrides stop here with one line, before any run starts.
+    c = build_config(run)
     for batch in (c.data.batch_size, c.eval.batch_size):
       if batch % f.cores_per_job:
         raise UserError(
