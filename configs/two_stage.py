@@ -37,13 +37,11 @@ def get_config(arg=None):
   first, second = METHODS[name]
   c.boundary.method = first
   c.model.stages = 2
-  c.stages.update(
-      method=(second,),
-      target_rate=(0.33,),
-      capacity=(256,),
-      encoder_layers=(1,),
-      decoder_layers=(1,),
-  )
+  s1 = (
+      c.stages.s1
+  )  # Stage 1's chunk layers and window are stage 0's byte layers' (one each, in bytes).
+  s1.boundary.update(method=second, target_rate=0.33)
+  s1.model.capacity = 256
   # The budget at which stage 1 has something to learn (see the module docstring).
   c.data.update(corpus='shakespeare', seq_len=1024, batch_size=4)
   c.model.capacity = 512
@@ -51,7 +49,6 @@ def get_config(arg=None):
   if 'tiny' in options:
     presets.tiny(c)
     c.data.corpus = 'stdlib_docs'  # A smoke test needs no download.
-    c.stages.capacity = (max(2, c.model.capacity // 2),)
-  c.stages.window = (c.model.byte_window,)  # In bytes: see the module docstring.
+    s1.model.capacity = max(2, c.model.capacity // 2)
   c.train.workdir = f'runs/two_stage_{name}'
   return c

@@ -124,15 +124,9 @@ def test_micro_batches_of_one_row_are_rejected_under_the_batch_relative_baseline
 def _two_stage(method0, baseline, stage_baseline, accum):
   config = _config(method=method0, accum=accum)
   config.model.stages = 2
-  config.stages.update(
-      method=('policy',),
-      target_rate=(0.4,),
-      capacity=(8,),
-      encoder_layers=(1,),
-      decoder_layers=(1,),
-      window=(0,),
-      baseline=(stage_baseline,),
-  )
+  config.stages.s1.boundary.update(method='policy', target_rate=0.4)
+  config.stages.s1.model.update(capacity=8, encoder_layers=1, decoder_layers=1, byte_window=0)
+  config.stages.s1.estimator.baseline = stage_baseline
   config.estimator.baseline = baseline
   return config
 
@@ -140,7 +134,9 @@ def _two_stage(method0, baseline, stage_baseline, accum):
 def test_one_row_guard_reads_the_baseline_each_stage_uses():
   mesh = sharding.make_mesh(_config().mesh)
   # Stage 1 overrides the shared 'none' with 'batch': its advantages would all be 0.
-  with pytest.raises(UserError, match=r"stage 1's policy .*stages.baseline=\"\('none',\)\""):
+  with pytest.raises(
+      UserError, match=r"stage 1's policy .*--config.stages.s1.estimator.baseline=none"
+  ):
     trainer_lib.Trainer(_two_stage('policy', 'none', 'batch', accum=8), mesh)
   # estimator.baseline='batch' reaches no stage: stage 0's rule has no score function and stage 1
   # overrides it, so one row per micro-batch is a valid batch.

@@ -161,8 +161,15 @@ def test_non_finite_numbers_anywhere_are_rejected(field, value):
 
 
 def test_a_non_finite_entry_of_a_tuple_is_one_line_naming_its_index():
-  c = _base(**{'model.stages': 2, 'stages.gamma': (0.9, float('nan'))})
-  with pytest.raises(UserError, match=r'^config.stages.gamma\[1\]=nan must be a finite number'):
+  c = _base(**{'mesh.rules': (('batch', 'data'), ('embed', float('nan')))})
+  with pytest.raises(UserError, match=r'^config.mesh.rules\[1\]\[1\]=nan must be a finite number'):
+    config_validation.validate(c)
+
+
+def test_a_non_finite_stage_setting_is_one_line_naming_its_section():
+  c = _base(**{'model.stages': 2})
+  c.stages.s1.estimator.gamma = float('nan')
+  with pytest.raises(UserError, match=r'^config.stages.s1.estimator.gamma=nan must be a finite'):
     config_validation.validate(c)
 
 

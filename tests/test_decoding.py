@@ -51,7 +51,7 @@ def one_stage():
 @pytest.fixture(scope='module')
 def two_stage():
   c = tiny_two_stage_config('')
-  c.model.capacity, c.stages.capacity = 128, (64,)
+  c.model.capacity, c.stages.s1.model.capacity = 128, 64
   # At seed 1, or unscaled, its greedy bytes after TEXT[:10] soon repeat one byte.
   return fresh_model(c, spread=15.0, seed=2, scale=2.0)
 

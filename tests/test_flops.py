@@ -17,14 +17,8 @@ def _config(kind):
     c.boundary.policy.window = 8  # The paper's sequential policy.
   if kind == 'two_stage':
     c.model.stages = 2
-    c.stages.update(
-        method=('policy',),
-        target_rate=(0.33,),
-        capacity=(48,),
-        encoder_layers=(1,),
-        decoder_layers=(2,),
-        window=(0,),
-    )
+    c.stages.s1.boundary.update(method='policy', target_rate=0.33)
+    c.stages.s1.model.update(capacity=48, encoder_layers=1, decoder_layers=2, byte_window=0)
   return c
 
 
@@ -60,7 +54,7 @@ def test_two_stage_model_flops_follow_each_stage_rate():
   m, d, seq, b = config.model, config.model.d_model, config.data.seq_len, config.data.batch_size
   block = 3 * b * (8 * d * d + 6 * d * m.main_mlp_ratio * d)
   assert more_inner == pytest.approx(block * m.main_layers * 0.2 * seq * (0.5 - 0.33), rel=0.2)
-  stage1_layers = config.stages.encoder_layers[0] + config.stages.decoder_layers[0]
+  stage1_layers = config.stages.s1.model.encoder_layers + config.stages.s1.model.decoder_layers
   assert more_outer > block * stage1_layers * 0.1 * seq
 
 

@@ -90,15 +90,12 @@ def _small_config(stages=1, window=1):
   c.data.update(seq_len=32, batch_size=4)
   c.boundary.policy.window = window
   c.model.stages = stages
-  if stages > 1:
-    c.stages.update(
-        method=('policy',) * (stages - 1),
-        target_rate=(0.4,) * (stages - 1),
-        capacity=(6,) * (stages - 1),
-        encoder_layers=(1,) * (stages - 1),
-        decoder_layers=(1,) * (stages - 1),
-        window=(0,) * (stages - 1),
-    )
+  for k in range(1, stages):
+    name = f's{k}'
+    if name not in c.stages:
+      c.stages[name] = config_defaults.stage_section()
+    c.stages[name].boundary.update(method='policy', target_rate=0.4)
+    c.stages[name].model.update(capacity=6, encoder_layers=1, decoder_layers=1, byte_window=0)
   return c
 
 
@@ -203,7 +200,7 @@ def test_two_stage_output_has_the_documented_stage_shapes():
 
   c = _small_config(stages=2)
   model = models.build_model(c)
-  b, l, v, c0, c1 = 4, 32, 258, c.model.capacity, c.stages.capacity[0]
+  b, l, v, c0, c1 = 4, 32, 258, c.model.capacity, c.stages.s1.model.capacity
   assert (model.num_stages, model.takes_key, model.boundary_modes) == (
       2,
       True,
@@ -309,7 +306,7 @@ def test_two_stage_model_is_causal_at_both_levels_with_overflow(w0, w1, inner_wi
 
 
 def test_inner_windows_are_bytes_on_every_attention_path():
-  """config.stages.window is a width in bytes: with an inner window of 12 bytes (a few stage-0
+  """A stage's window is a width in bytes: with an inner window of 12 bytes (a few stage-0
   chunks, far fewer than the 16 chunk slots) the 'dot_product' path gives the blocked path's logits,
   early exits and boundaries for the same parameters, and both differ from full inner attention (so
   the window binds)."""
@@ -338,12 +335,13 @@ def test_inner_windows_are_bytes_on_every_attention_path():
 def test_two_stage_configs_window_every_inner_stage(name, arg):
   """The two-stage configs make stage 1 a bottleneck: its layers attend over fewer bytes than a
   sequence holds (the byte layers' window), so only the main layers read the whole sequence."""
+  from tokjax import stages  # pylint: disable=g-import-not-at-top
   from tokjax.config import files as config_files
   from tokjax.config import validation as config_validation
 
   c = config_files.load(name, arg)
   config_validation.validate(c)
-  assert c.stages.window == (c.model.byte_window,)
+  assert stages.get(c, 1).window == c.model.byte_window
   assert 0 < c.model.byte_window < c.data.seq_len
 
 
@@ -548,7 +546,7 @@ def test_counterfactual_baselines_are_unbiased_and_measured_by_exact_enumeration
   # passes, keys and stop-gradients), the rest of its terms as cfg's.
   objective_config = _small_config(2)
   objective_config.estimator.update(cfg.to_dict(), reward='counterfactual')
-  objective_config.stages.reward = ('counterfactual',)
+  objective_config.stages.s1.estimator.reward = 'counterfactual'
 
   @jax.jit
   def measure(p):
@@ -666,7 +664,8 @@ def test_counterfactual_baselines_are_unbiased_and_measured_by_exact_enumeration
 
 
 def test_stage_estimator_settings_default_to_the_shared_ones_and_touch_only_their_stage():
-  """config.stages.{reward, gamma, lambda_rl, lambda_rate, baseline} left empty give, bit for bit,
+  """config.stages.s1.estimator.{reward, gamma, lambda_rl, lambda_rate, baseline} left unset give,
+  bit for bit,
   the objective of the same values set explicitly (config.estimator's: today's shared settings);
   other values (a counterfactual reward among them) change stage 1's terms and leave every stage-0
   metric bit for bit. The counterfactual is a draw apart from the training one (its CE differs), and
@@ -687,9 +686,9 @@ def test_stage_estimator_settings_default_to_the_shared_ones_and_touch_only_thei
     if name == 'explicit':
       fields['reward'] = est.reward
     c = _small_config(2)
-    c.stages.update({k: (v,) for k, v in fields.items()})
+    c.stages.s1.estimator.update(fields)
     if fields:
-      c.stages.baseline = ('batch' if name == 'explicit' else 'none',)
+      c.stages.s1.estimator.baseline = 'batch' if name == 'explicit' else 'none'
     config_validation.validate(c)
     model = models.build_model(c)
     if not runs:
@@ -765,14 +764,8 @@ def _sharded_worker():
   config.model.capacity = 10  # Overflow at stage 0 (32 bytes at rate 0.2 would rarely fill 16).
   config.boundary.target_rate = 0.4
   config.model.stages = 2
-  config.stages.update(
-      method=('policy',),
-      target_rate=(0.4,),
-      capacity=(4,),
-      encoder_layers=(1,),
-      decoder_layers=(1,),
-      window=(0,),
-  )
+  config.stages.s1.boundary.update(method='policy', target_rate=0.4)
+  config.stages.s1.model.update(capacity=4, encoder_layers=1, decoder_layers=1, byte_window=0)
   batches = ts._batches(ts.STEPS)  # pylint: disable=protected-access
   key = jax.random.PRNGKey(1)
   out, states, init = {'metrics': {}}, {}, None
@@ -877,23 +870,52 @@ def test_two_stage_run_resumes_exactly(tiny_two_stage_run, tmp_path):
 @pytest.mark.parametrize(
     'changes,message',
     [
-        ({'stages.capacity': (16, 16)}, 'config.stages.capacity has 2 entries'),
-        ({'stages.window': ()}, 'config.stages.window has 0 entries'),
-        ({'stages.capacity': (1,)}, 'config.stages.capacity[0]=1 must be an integer >= 2'),
-        ({'stages.target_rate': (0.0,)}, 'config.stages.target_rate[0]=0.0 must be in (0, 1)'),
-        ({'stages.target_rate': (1.0,)}, 'config.stages.target_rate[0]=1.0 must be in (0, 1)'),
-        ({'stages.target_rate': (-0.5,)}, 'config.stages.target_rate[0]=-0.5 must be in (0, 1)'),
+        (
+            {'stages.s1.model.capacity': 1},
+            'config.stages.s1.model.capacity=1 must be an integer >= 2',
+        ),
+        (
+            {'stages.s1.model.encoder_layers': -1},
+            'config.stages.s1.model.encoder_layers=-1 must be',
+        ),
+        ({'stages.s1.boundary.target_rate': 0.0}, 'config.stages.s1.boundary.target_rate=0.0 must'),
+        ({'stages.s1.boundary.target_rate': 1.0}, 'config.stages.s1.boundary.target_rate=1.0 must'),
+        ({'stages.s1.boundary.target_rate': -0.5}, 'config.stages.s1.boundary.target_rate=-0.5 mu'),
         ({'model.stages': 0}, 'config.model.stages=0 must be an integer >= 1'),
-        ({'stages.method': ('whitespace',)}, "config.stages.method[0]='whitespace' cannot"),
-        ({'stages.method': ('entropy',)}, "config.stages.method[0]='entropy' cannot"),
-        ({'stages.gamma': (0.9, 0.9)}, 'config.stages.gamma has 2 entries'),
-        ({'stages.gamma': (1.5,)}, 'config.stages.gamma[0]=1.5 must be in [0, 1]'),
-        ({'stages.lambda_rl': (-1.0,)}, 'config.stages.lambda_rl[0]=-1.0 must be >= 0'),
-        ({'stages.baseline': ('mean',)}, "config.stages.baseline[0]='mean' is not valid"),
-        ({'stages.baseline': ('value',)}, "config.stages.baseline[0]='value' needs a critic"),
-        ({'stages.baseline': ('rloo',)}, "config.stages.baseline[0]='rloo' needs 4 boundary"),
-        ({'stages.reward': ('counterfactal',)}, "config.stages.reward[0]='counterfactal' is not"),
-        ({'stages.reward': ('plain', 'plain')}, 'config.stages.reward has 2 entries'),
+        (
+            {'stages.s1.boundary.method': 'whitespace'},
+            "config.stages.s1.boundary.method='whitespace'",
+        ),
+        (
+            {'stages.s1.boundary.method': 'entropy'},
+            "config.stages.s1.boundary.method='entropy' can",
+        ),
+        ({'stages.s1.boundary.policy.window': 0}, 'config.stages.s1.boundary.policy.window=0 must'),
+        (
+            {'stages.s1.estimator.gamma': 1.5},
+            'config.stages.s1.estimator.gamma=1.5 must be in [0, 1]',
+        ),
+        ({'stages.s1.estimator.lambda_rl': -1.0}, 'config.stages.s1.estimator.lambda_rl=-1.0 must'),
+        ({'stages.s1.estimator.baseline': 'mean'}, "config.stages.s1.estimator.baseline='mean' is"),
+        (
+            {'stages.s1.estimator.baseline': 'value'},
+            "config.stages.s1.estimator.baseline='value' ne",
+        ),
+        (
+            {'stages.s1.estimator.baseline': 'rloo'},
+            "config.stages.s1.estimator.baseline='rloo' need",
+        ),
+        (
+            {'stages.s1.estimator.reward': 'counterfactal'},
+            "config.stages.s1.estimator.reward='coun",
+        ),
+        # Inherited values are named where they are set.
+        ({'estimator.gamma': 1.5}, 'config.estimator.gamma=1.5 must be in [0, 1]'),
+        ({'model.byte_window': -1}, 'config.model.byte_window=-1 must be an integer >= 0'),
+        # A section that no stage reads, or that is no stage's.
+        ({'model.stages': 1}, "config.stages.s1.boundary.method='policy' is set but config.model"),
+        ({'stages.first': 1}, 'config.stages.first is not a stage section'),
+        ({'stages.s1.model.window': 3}, 'config.stages.s1.model.window is not a field'),
         ({'estimator.reward': 'greedy'}, "config.estimator.reward='greedy' is not valid"),
     ],
 )
@@ -907,8 +929,11 @@ def test_bad_stage_settings_are_one_clear_line(changes, message):
   c = config_files.load('two_stage', 'learned,tiny')
   config_validation.validate(c)  # The base is valid: the change alone makes it bad.
   for dotted, value in changes.items():
-    section, key = dotted.split('.')
-    c[section][key] = value
+    *parents, key = dotted.split('.')
+    node = c
+    for p in parents:
+      node = node[p]
+    node[key] = value
   with pytest.raises(UserError, match='^' + re.escape(message)) as err:
     config_validation.validate(c)
   assert '\n' not in str(err.value)

@@ -2,7 +2,7 @@
 
 tests/fixtures/saved_configs/COMMIT/config.json is the "config" item of a checkpoint that tokjax
 saved at COMMIT (see the README there): afa8a91 comes before the renames of `MIGRATIONS`, 3f7ede2 and
-f25e687 before optim.policy_lr_factor, 2e64157 is a recent one. Their weights are not kept: a state
+f25e687 before optim.policy_lr_factor, 2e64157 before config.stages became one section per stage. Their weights are not kept: a state
 saved at any of them has the tree and shapes of today's, so each test writes the saved config into a
 copy of the session's `tiny_run` (the same model fields) and reads that run as a user would; the
 results must equal those of `tiny_run` itself, whose config today's code wrote.
@@ -18,8 +18,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, evaluate, sample, segment, train
+from tokjax import checkpointing, evaluate, sample, segment, stages, train
 from tokjax.config import saved as config_saved
+from tokjax.config import validation as config_validation
 from tokjax.errors import UserError
 from tokjax.lab import common
 from tokjax.lm_eval import model as lm_model
@@ -93,6 +94,39 @@ def test_renamed_fields_move_and_keep_their_values():
   # batch_relative switched only the batch baseline off.
   old['estimator'].update(baseline='rloo')
   assert config_saved.upgrade(old).estimator.baseline == 'rloo'
+
+
+def test_a_two_stage_config_saved_as_tuples_reads_as_stage_sections():
+  """Before tokjax/stages.py, config.stages held one tuple per field (2e64157's, empty for one
+  stage); a two-stage run saved then reads each tuple's entry as its stage's own field."""
+  old = saved_config('2e64157')
+  assert old['stages']['method'] == [] and 'target_rate' in old['stages']
+  old['model']['stages'] = 2
+  old['stages'].update(
+      method=['hnet'],
+      target_rate=[0.33],
+      capacity=[16],
+      encoder_layers=[1],
+      decoder_layers=[2],
+      window=[8],
+      gamma=[0.5],
+  )
+  c = config_saved.upgrade(old)
+  assert set(c.stages) == {'s1'} and c.stages.s1.model.byte_window == 8
+  config_validation.validate(c)
+  first, second = stages.resolve(c)
+  assert (second.method, second.target_rate, second.capacity) == ('hnet', 0.33, 16)
+  assert (second.encoder_layers, second.decoder_layers, second.window) == (1, 2, 8)
+  assert (second.estimator.gamma, first.estimator.gamma) == (0.5, 0.99)
+  # An estimator tuple left empty was config.estimator's value at every stage, and still is.
+  assert second.estimator.lambda_rl == c.estimator.lambda_rl
+  assert second.where('estimator.lambda_rl') == 'config.estimator.lambda_rl'
+  # A third stage's entries get a section of their own; a config saved with sections reads back.
+  old['model']['stages'] = 3
+  old['stages'] = {k: v * 2 for k, v in old['stages'].items()}
+  three = config_saved.upgrade(old)
+  assert three.stages.s2.boundary.method == 'hnet' and three.stages.s2.model.capacity == 16
+  assert config_saved.upgrade(three.to_dict()).to_dict() == three.to_dict()
 
 
 def _evaluation(run, out):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import sharding
+from tokjax import sharding, stages
 from tokjax import trainer as trainer_lib
 from tokjax.config import files as config_files
 from tokjax.config import validation as config_validation
@@ -48,7 +48,7 @@ def test_variant_trains_and_each_level_follows_its_method(variant):
     before = jax.device_get(state.params)
     state, metrics = trainer.train_step(state, batch, jax.random.PRNGKey(1))
     assert np.isfinite(float(metrics['loss'])) and 'stage1_rate' in metrics
-    learned = [m == 'policy' for m in (c.boundary.method, *c.stages.method)]
+    learned = [st.method == 'policy' for st in stages.resolve(c)]
     assert ['policy_loss' in metrics, 'stage1_policy_loss' in metrics] == learned
     # Every boundary method with parameters (policy, H-Net's router) was updated, at both levels.
     after = jax.device_get(state.params)
@@ -118,7 +118,7 @@ def test_inner_straight_through_factor_follows_the_executed_action(method):
   from tokjax.models.rivals import common  # pylint: disable=g-import-not-at-top
 
   c = config_files.load('two_stage', 'hnet,tiny')
-  c.stages.method = (method,)
+  c.stages.s1.boundary.method = method
   config_validation.validate(c)
   model, batch = models.build_model(c), _batch(c)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), batch['inputs'], jax.random.PRNGKey(1))

@@ -25,16 +25,16 @@ class Punctuation(nn.Module):
     return common.finish(actions if mode == 'given' else rule, self.capacity)
 
 
-def _validate(config):
-  if not config.boundary.punctuation.bytes:
-    raise UserError('config.boundary.punctuation.bytes is empty; give the bytes that end a chunk.')
+def _validate(stage):
+  if not stage.settings.bytes:
+    raise UserError(f'{stage.where("settings.bytes")} is empty; give the bytes that end a chunk.')
 
 
 registry.register(
     registry.BoundaryMethod(
         name='punctuation',
-        build=lambda c: Punctuation(
-            ends=c.boundary.punctuation.bytes.encode(), capacity=c.model.capacity
+        build=lambda stage, config: Punctuation(
+            ends=stage.settings.bytes.encode(), capacity=stage.capacity
         ),
         defaults=dict(bytes='.,;\n'),  # config.boundary.punctuation.bytes
         description='a chunk ends at each punctuation byte (a toy)',

@@ -105,12 +105,21 @@ def drop_foreign_sections(saved: dict) -> dict:
   if not isinstance(boundary, dict):
     return saved
   known = config_defaults.base_config().boundary
-  kept = {
+  keep = lambda section: {
       k: v
-      for k, v in boundary.items()
-      if k in known or not isinstance(v, dict) or k == boundary.get('method')
+      for k, v in section.items()
+      if k in known or not isinstance(v, dict) or k == section.get('method')
   }
-  return {**saved, 'boundary': kept}
+  out = {**saved, 'boundary': keep(boundary)}
+  stages = saved.get('stages')
+  if isinstance(stages, dict):  # Each stage's section (config.stages.sK) has one per method too.
+    out['stages'] = {
+        name: {**own, 'boundary': keep(own['boundary'])}
+        if isinstance(own, dict) and isinstance(own.get('boundary'), dict)
+        else own
+        for name, own in stages.items()
+    }
+  return out
 
 
 def read_config(mgr, step: int) -> ml_collections.ConfigDict:

@@ -129,7 +129,7 @@ def cached_step(model, params, caches, token, t, key, mode: str):
   ones = jnp.ones((b,), bool)
 
   def stack(which, x, slot, write):
-    return layers.Stack(*model.stack_args(which)).apply(
+    return layers.Stack(model.stack_settings(which)).apply(
         {'params': params[which]}, x, position[:, None], None, caches[which], slot, write
     )
 

@@ -15,8 +15,9 @@ decision then weighs the same at every stage: a stage-1 decision, one per stage-
 gradient weight a stage-0 decision gets, in both losses, and lambda_rl and lambda_rate mean the same
 at every level. (Averaging a stage's rate loss over its own decisions instead would make its
 controller 1 / r0 times stronger per decision than stage 0's, r0 the stage-0 rate.)
-Per-stage settings: stage s >= 1 reads reward, gamma, lambda_rl, lambda_rate and baseline from
-config.stages' entry s - 1 where given, else config.estimator's (`stage_settings`).
+Per-stage settings: stage s reads reward, baseline, gamma, lambda_rl, lambda_rate and its target rate
+from its `tokjax.stages.Stage.estimator` (config.stages.sK.estimator where stage K sets them, else
+config.estimator's); the functions here read those settings or config.estimator itself alike.
 Counterfactual rewards (tokjax/losses.py runs them): CE_cf is the full model's CE, under stop-gradient,
 with stage s's decisions and those of every stage above replaced by a second draw given the lower
 stages' sampled decisions, which stay fixed ('counterfactual': drawn from the policies with a key
@@ -189,7 +190,7 @@ def score_function_terms(
   horizon in bytes grow with the chunk lengths that policy is still learning, moving the estimator's
   bias and variance as its rate moves. The policy and rate losses are both sums over the stage's
   decisions divided by B * L at every stage (the module docstring's normalisation rule); cfg is the
-  stage's own settings (`stage_settings`).
+  stage's own settings (`tokjax.stages.Stage.estimator`).
   """
   r = rewards(ce_full, ce_early, cfg.reward) * mask
   adv, g, baseline_loss, baseline_metrics = advantages_and_returns(r, mask, cfg, values)
@@ -221,30 +222,6 @@ def score_function_terms(
   return loss, metrics
 
 
-# config.stages' estimator fields.
-STAGE_FIELDS = ('reward', 'gamma', 'lambda_rl', 'lambda_rate', 'baseline')
-
-
-def stage_settings(config, s: int):
-  """config.estimator as stage s's score function reads it (a ConfigDict).
-
-  Stage 0 reads config.estimator itself. Stage s >= 1 reads, for each of `STAGE_FIELDS`,
-  config.stages.FIELD[s - 1] where that tuple is not empty (one entry per stage above the bytes), else
-  config.estimator.FIELD (today's values: every stage shared one setting), and its own target rate
-  config.stages.target_rate[s - 1]; the baseline's own section (config.estimator.NAME) is shared.
-  """
-  if s == 0:
-    return config.estimator
-  view = config.estimator.copy_and_resolve_references()
-  stages = config.stages
-  for field in STAGE_FIELDS:
-    values = stages[field]
-    if len(values):
-      view[field] = type(view[field])(values[s - 1])
-  view.target_rate = float(stages.target_rate[s - 1])
-  return view
-
-
 # ----------------------------------------------------------------------------------------------------
 # The baselines of the score function.
 
@@ -254,7 +231,8 @@ class Baseline:
   """One baseline of the score function, chosen by config.estimator.baseline = name.
 
   advantages: (r, mask, cfg, values) -> (adv, G, loss, metrics) as in `advantages_and_returns`; cfg
-    is config.estimator, the baseline's settings are cfg[name].
+    is config.estimator or a stage's `tokjax.stages.EstimatorSettings`, the baseline's settings are
+    cfg.NAME.
   defaults: the fields of config.estimator.NAME with their defaults ({} = no settings).
   draws: cfg -> boundary draws per sequence (> 1: the model draws them from one encoder pass and the
     rows come sample-major, draw k of sequence b at row k * B + b).
@@ -365,10 +343,10 @@ register_baseline(
 
 
 # ----------------------------------------------------------------------------------------------------
-# Checks of config.estimator and of config.stages' score-function fields (`STAGE_FIELDS`).
+# Checks of every stage's score-function settings.
 
-# config.estimator.reward and config.stages.reward: see `rewards`. The counterfactual kinds map to the
-# modes of the counterfactual's stage and those above it (the stages below run 'given').
+# Rewards (`rewards`). The counterfactual kinds map to the modes of the counterfactual's stage and
+# those above it (the stages below run 'given').
 COUNTERFACTUAL = {'counterfactual': 'sample', 'counterfactual_greedy': 'greedy'}
 REWARDS = ('early_exit', 'plain', *COUNTERFACTUAL)
 
@@ -378,23 +356,21 @@ def counterfactual_mode(kind: str):
   return COUNTERFACTUAL.get(kind)
 
 
-def validate(config, stages: int, score_function: bool) -> None:
-  """Raises UserError naming the first bad field of config.estimator or config.stages' estimator
-  fields.
+def validate(config, levels, score_function: bool) -> None:
+  """Raises UserError naming the first bad field of config.estimator or of a stage's estimator
+  settings (by `Stage.where`: config.stages.s1.estimator.gamma where stage 1 sets it).
 
-  stages: S, the levels of boundaries (config.model.stages, already checked); score_function:
+  levels: the model's `tokjax.stages.Stage`s (their model fields already checked); score_function:
   whether the model's stage-0 boundaries train with the score function (the model's checks say).
   """
   est = config.estimator
-  if est.reward not in REWARDS:
-    raise UserError(f'config.estimator.reward={est.reward!r} is not valid; use one of {REWARDS}.')
-  if not 0.0 <= est.gamma <= 1.0:
-    raise UserError(f'config.estimator.gamma={est.gamma} must be in [0, 1].')
-  if stages > 1:
-    _validate_stages(config, stages)
+  for st in levels:
+    _validate_stage(st)
   b = baseline(est.baseline)
   if b.validate:
     b.validate(est)
+  if len(levels) > 1:
+    _validate_inner_baselines(config, levels)
   if (b.critic or b.draws(est) > 1) and not score_function:
     raise UserError(
         f'config.estimator.baseline={est.baseline!r} needs a hierarchical model whose boundary '
@@ -416,49 +392,43 @@ def validate(config, stages: int, score_function: bool) -> None:
     )
 
 
-def _validate_stages(config, n: int) -> None:
-  """config.stages' estimator fields for a model of n > 1 stages (`stage_settings` reads them)."""
-  st, est = config.stages, config.estimator
-  for field in STAGE_FIELDS:
-    if len(st[field]) not in (0, n - 1):
-      raise UserError(
-          f'config.stages.{field} has {len(st[field])} entries but config.model.stages={n} needs '
-          f'{n - 1} (one per stage above the bytes) or none (config.estimator.{field} at every '
-          'stage).'
-      )
+def _validate_stage(st) -> None:
+  """A stage's reward, discount and weights."""
+  cfg, where = st.estimator, lambda f: st.where(f'estimator.{f}')
+  if cfg.reward not in REWARDS:
+    raise UserError(f'{where("reward")}={cfg.reward!r} is not valid; use one of {REWARDS}.')
+  if not 0.0 <= cfg.gamma <= 1.0:
+    raise UserError(f'{where("gamma")}={cfg.gamma!r} must be in [0, 1].')
+  for field in ('lambda_rl', 'lambda_rate'):
+    if not getattr(cfg, field) >= 0.0:
+      raise UserError(f'{where(field)}={getattr(cfg, field)!r} must be >= 0.')
+
+
+def _validate_inner_baselines(config, levels) -> None:
+  """The baselines of stages 1..S-1: no critic (the model has one, for stage 0), and the draws per
+  sequence that every stage shares."""
+  est = config.estimator
   draws = baseline(est.baseline).draws(est)
-  for s in range(1, n):
-    i, cfg = s - 1, stage_settings(config, s)
-    if len(st.reward) and cfg.reward not in REWARDS:
-      raise UserError(
-          f'config.stages.reward[{i}]={st.reward[i]!r} is not valid; use one of {REWARDS}.'
-      )
-    if len(st.gamma) and not 0.0 <= cfg.gamma <= 1.0:
-      raise UserError(f'config.stages.gamma[{i}]={st.gamma[i]!r} must be in [0, 1].')
-    for field in ('lambda_rl', 'lambda_rate'):
-      if len(st[field]) and not cfg[field] >= 0.0:
-        raise UserError(f'config.stages.{field}[{i}]={st[field][i]!r} must be >= 0.')
-    if not len(st.baseline):
-      continue
-    name = st.baseline[i]
+  for st in levels[1:]:
+    name, field = st.estimator.baseline, st.where('estimator.baseline')
     if name not in BASELINES:
       raise UserError(
-          f'config.stages.baseline[{i}]={name!r} is not valid; use one of '
+          f'{field}={name!r} is not valid; use one of '
           f'{tuple(k for k, b in BASELINES.items() if not b.critic)}.'
       )
     b = baseline(name)
-    if b.critic:
+    if b.critic and field != 'config.estimator.baseline':
       raise UserError(
-          f'config.stages.baseline[{i}]={name!r} needs a critic, and the model has one only for '
-          'stage 0; use "batch", "rloo" or "none".'
+          f'{field}={name!r} needs a critic, and the model has one only for stage 0; use "batch", '
+          '"rloo" or "none".'
       )
     if b.draws(est) not in (1, draws):
       raise UserError(
-          f'config.stages.baseline[{i}]={name!r} needs {b.draws(est)} boundary draws per sequence, '
-          f'which every stage shares: set config.estimator.baseline={name!r} too, or use "batch".'
+          f'{field}={name!r} needs {b.draws(est)} boundary draws per sequence, which every stage '
+          f'shares: set config.estimator.baseline={name!r} too, or use "batch".'
       )
   if est.baseline == 'value':
     raise UserError(
         f'config.estimator.baseline="value" has one critic, for stage 0; with config.model.stages='
-        f'{n} use "batch", "rloo" or "none" (each applies per stage).'
+        f'{len(levels)} use "batch", "rloo" or "none" (each applies per stage).'
     )

@@ -33,10 +33,9 @@ import os
 from absl import flags
 import numpy as np
 
-from tokjax import checkpointing, cli, evaluator, paths, significance
+from tokjax import checkpointing, cli, evaluator, paths, significance, stages
 from tokjax.data import pipeline
 from tokjax.errors import UserError
-from tokjax.models import stage_views
 
 # --------------------------------------------------------------------------------- BPE reference
 
@@ -226,7 +225,7 @@ def run_evaluation(
       'step': ckpt.step,
       'split': split,
       'corpus': corpus or config.data.corpus,
-      'stages': stage_views.stage_count(config),
+      'stages': stages.count(config),
       'num_docs': first['documents'],
       'bytes': first['bytes'],
       'max_batches': max_batches,

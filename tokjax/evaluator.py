@@ -38,7 +38,9 @@ batches):
            so a stage s that picks among them at random has lift 0.
 """
 
+import dataclasses
 import functools
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -49,6 +51,30 @@ from tokjax.models import interface
 
 PRF = ('precision', 'recall', 'f1')  # The statistics of a reference with an F1 (not line ends).
 LIFT_REFERENCES = ('whitespace', 'line')  # The references of the stage-s lifts.
+
+
+@dataclasses.dataclass(frozen=True)
+class Scoring:
+  """What each mode of one `Evaluator.run` is scored against.
+
+  doc_of: int[n], the document of each byte of the split's stream; num_docs: the documents;
+  unit_of: int[n], the scoring unit of each byte, of num_units; refs: {name: reference} scored at
+  every level; bpe: stage 0's BPE reference or None; subsets: {name: reference} of bytes whose own
+  bits-per-byte to report; counts: also return the sums behind the boundary statistics.
+  """
+
+  doc_of: np.ndarray
+  num_docs: int
+  unit_of: np.ndarray
+  num_units: int
+  refs: dict
+  bpe: Callable[..., Any] | None
+  subsets: dict
+  counts: bool
+
+  @property
+  def stream_bytes(self) -> int:
+    return len(self.doc_of)
 
 
 def _forward(model, mode, params, batch, key):
@@ -140,37 +166,30 @@ class Evaluator:
           batch_size=self.config.eval.batch_size,
           max_batches=max_batches,
       )
-    doc_of = significance.document_ids(docs)
     unit_of, num_units = significance.unit_ids(docs, unit_bytes)
-    refs = boundary_stats.with_references(references)
-    bpe = boundary_stats.stream_reference(bpe_starts) if bpe_starts is not None else None
-    subs = {name: boundary_stats.stream_reference(m) for name, m in (subsets or {}).items()}
-    args = (doc_of, len(doc_of), len(docs), refs, bpe, unit_of, num_units, counts, subs)
+    scoring = Scoring(
+        doc_of=significance.document_ids(docs),
+        num_docs=len(docs),
+        unit_of=unit_of,
+        num_units=num_units,
+        refs=boundary_stats.with_references(references),
+        bpe=boundary_stats.stream_reference(bpe_starts) if bpe_starts is not None else None,
+        subsets={name: boundary_stats.stream_reference(m) for name, m in (subsets or {}).items()},
+        counts=counts,
+    )
     unit_doc = [int(x) for x in significance.unit_documents(docs, unit_bytes)]
-    out = {mode: self._run_mode(params, mode, batches, key, *args) for mode in modes}
+    out = {mode: self._run_mode(params, mode, batches, key, scoring) for mode in modes}
     for name, marks in (given or {}).items():
-      out[name] = self._run_mode(params, 'given', batches, key, *args, given=marks)
+      out[name] = self._run_mode(params, 'given', batches, key, scoring, given=marks)
     for m in out.values():
       m['unit_documents'] = unit_doc
     return out
 
-  def _run_mode(
-      self,
-      params,
-      mode,
-      batches,
-      key,
-      doc_of,
-      n,
-      num_docs,
-      refs,
-      bpe,
-      unit_of,
-      num_units,
-      counts,
-      subs,
-      given=None,
-  ) -> dict:
+  def _run_mode(self, params, mode, batches, key, scoring: Scoring, given=None) -> dict:
+    """The statistics of one boundary mode ('given': on the boundaries `given` marks)."""
+    sc = scoring
+    doc_of, n, num_docs, refs, bpe = sc.doc_of, sc.stream_bytes, sc.num_docs, sc.refs, sc.bpe
+    unit_of, num_units, counts, subs = sc.unit_of, sc.num_units, sc.counts, sc.subsets
     ce_doc, bytes_doc = np.zeros(num_docs), np.zeros(num_docs)
     ce_sub = {name: np.zeros((2, num_docs)) for name in subs}  # Per document: CE, bytes.
     ce_unit, bytes_unit = np.zeros(num_units), np.zeros(num_units)

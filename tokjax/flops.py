@@ -27,6 +27,7 @@ Two counts, both from `step_flops`:
 import time
 
 from tokjax import losses, models
+from tokjax import stages as stages_lib
 from tokjax.data import VOCAB_SIZE
 
 TRAIN_MULTIPLIER = 3  # Forward + backward (gradients w.r.t. activations and weights).
@@ -76,31 +77,35 @@ def forward_flops_per_sequence(config, rate=None) -> float:
     keys = _window_keys(seq, m.byte_window, executed)
     return m.num_layers * _block(seq, d, m.mlp_ratio * d, keys) + 2 * seq * d * v
   rates = () if executed else (tuple(rate) if isinstance(rate, (tuple, list)) else (rate,))
-  byte_keys = _window_keys(seq, m.byte_window, executed)
-  total = (m.encoder_layers + m.decoder_layers) * _block(seq, d, m.byte_mlp_ratio * d, byte_keys)
-  total += 2 * seq * d * _policy_width(config.boundary) + 2 * (2 * seq * d * v)
-  chunks = float(m.capacity) if executed else float(rates[0]) * seq
-  for s in range(1, stages):
-    st, i = config.stages, s - 1
+  levels = stages_lib.resolve(config)
+  first = levels[0]
+  byte_keys = _window_keys(seq, first.window, executed)
+  layers_ = first.encoder_layers + first.decoder_layers
+  total = layers_ * _block(seq, d, m.byte_mlp_ratio * d, byte_keys)
+  total += 2 * seq * d * _policy_width(first) + 2 * (2 * seq * d * v)
+  chunks = float(first.capacity) if executed else float(rates[0]) * seq
+  for st in levels[1:stages]:
     n_in = chunks
     if executed:
       keys = n_in
-      chunks = float(st.capacity[i])
+      chunks = float(st.capacity)
     else:
       keys = (n_in + 1) / 2
-      if st.window[i] > 0:  # A window in bytes spans about window * n_in / L chunks.
-        keys = min(keys, st.window[i] * n_in / seq)
-      chunks = n_in * float(rates[s] if s < len(rates) else st.target_rate[i])
-    layers_ = st.encoder_layers[i] + st.decoder_layers[i]
+      if st.window > 0:  # A window in bytes spans about window * n_in / L chunks.
+        keys = min(keys, st.window * n_in / seq)
+      chunks = n_in * float(rates[st.level] if st.level < len(rates) else st.target_rate)
+    layers_ = st.encoder_layers + st.decoder_layers
     total += layers_ * _block(n_in, d, m.main_mlp_ratio * d, keys)
-    total += 2 * n_in * d * (config.boundary.policy.window if st.method[i] == 'policy' else 0)
+    total += 2 * n_in * d * _policy_width(st)
     total += 2 * seq * d * v  # The stage's early-exit head.
   chunk_keys = chunks if executed else (chunks + 1) / 2
   return total + m.main_layers * _block(chunks, d, m.main_mlp_ratio * d, chunk_keys)
 
 
-def _policy_width(boundary) -> int:
-  return boundary.policy.window if boundary.method == 'policy' else 0
+def _policy_width(stage) -> int:
+  """The policy's window w at this stage (its logits cost 2 * d * w per position here), 0 for the
+  other methods."""
+  return stage.settings.window if stage.method == 'policy' else 0
 
 
 def training_forwards(config) -> int:

@@ -2,7 +2,7 @@
 paper's total loss (1 - lambda_early) CE_full + lambda_early CE_early + policy loss + rate loss (+ any
 auxiliary loss of the boundary method), with the boundary metrics that expose a broken estimator.
 
-Counterfactual rewards (config.estimator.reward or config.stages.reward = 'counterfactual' or
+Counterfactual rewards (config.estimator.reward or a stage's estimator.reward = 'counterfactual' or
 'counterfactual_greedy'; tokjax/estimator.py): the reward of stage s is CE_cf - CE_full, where CE_cf
 is the full model's CE from one more forward pass under stop-gradient, with the sampled decisions of
 stages 0..s-1 executed as given and stage s and every stage above drawn again ('counterfactual': from
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tokjax import boundary_stats, estimator, models
+from tokjax import boundary_stats, estimator, models, stages
 from tokjax.models import interface
 
 LN2 = math.log(2.0)
@@ -70,10 +70,10 @@ def counterfactual_stages(config) -> tuple[tuple[int, str], ...]:
   Each costs one more forward pass per training step (the module docstring).
   """
   out = []
-  for s in range(models.num_stages(config)):
-    kind = estimator.stage_settings(config, s).reward
-    if models.trains_score_function(config, s) and estimator.counterfactual_mode(kind):
-      out.append((s, kind))
+  for st in stages.resolve(config)[: models.num_stages(config)]:
+    kind = st.estimator.reward
+    if models.trains_score_function(config, st.level) and estimator.counterfactual_mode(kind):
+      out.append((st.level, kind))
   return tuple(out)
 
 
@@ -116,12 +116,12 @@ def flat_objective(model, params, batch, key, step):
 def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample', actions=None):
   """The paper's total loss for one batch with boundaries drawn by `mode` ('sample' in training).
 
-  cfg: the full config: cfg.estimator applies when stage 0 trains with the score function
+  cfg: the full config: stage 0's estimator settings apply when it trains with the score function
   (`models.trains_score_function`). actions: the executed actions of the stages `mode` gives ('given', or a tuple
   of one mode per stage), as the model's __call__ takes them (exact-enumeration tests); one draw per
   sequence only. Returns (loss, (metrics, CE_full float32[B, L])).
   """
-  est = cfg.estimator
+  est = stages.get(cfg, 0).estimator
   score_function = models.trains_score_function(cfg, 0)
   kwargs = {} if actions is None else {'actions': actions}
   if est.off_policy_steps > 0:
@@ -181,8 +181,8 @@ def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask, ce_base=None)
   ce_base: float32[B, L], the CE its reward is taken against (default ce_early, its early exit; its
   counterfactual's under a counterfactual reward).
   Returns (loss: scalar, metrics: dict of scalars): the method's auxiliary loss, its score-function
-  terms against ce_base with its own settings (`estimator.stage_settings`; when
-  its method trains with the score function) and its
+  terms against ce_base with its own settings (`tokjax.stages.Stage.estimator`, its target rate
+  included; when its method trains with the score function) and its
   boundary statistics: rate per input position (per chunk of stage s - 1), bytes per chunk of stage
   s, alignment of its boundaries to whitespace and line ends, overflow.
   """
@@ -195,9 +195,8 @@ def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask, ce_base=None)
         ce_early if ce_base is None else ce_base,
         bnd,
         mask,
-        estimator.stage_settings(cfg, s),
+        stages.get(cfg, s).estimator,
         positions=stage.positions,
-        target_rate=cfg.stages.target_rate[s - 1],
     )
     loss = loss + rl_loss
     metrics.update(rl_metrics)

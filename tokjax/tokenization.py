@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tokjax import stages as stages_lib
 from tokjax.data import BOS_ID, PAD_ID
-from tokjax.models import interface, stage_views
+from tokjax.models import interface
 
 
 def encode_window(text: bytes, seq_len: int) -> np.ndarray:
@@ -145,7 +146,7 @@ def window_overlap(config) -> int:
   """
   m, seq_len = config.model, config.data.seq_len
   field = m.encoder_layers * (m.byte_window - 1) if m.byte_window > 0 else seq_len
-  if stage_views.stage_count(config) > 1:
+  if stages_lib.count(config) > 1:
     field = seq_len
   return max(0, min(field, (seq_len - 2) // 2))
 

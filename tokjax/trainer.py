@@ -7,8 +7,8 @@ one spreads over every data shard) and sums their gradients in a `lax.scan` insi
 so activations are held for B / n rows at a time. The step then applies mean_i grad(loss_i), where
 loss_i is the objective on micro-batch i with key fold_in(key, i). What couples rows of a batch is
 therefore computed per micro-batch, and this is how the accumulated step differs from the plain one:
-  - the score function's batch-relative baseline ('batch': estimator.baseline, or stages.baseline
-    above stage 0) is the mean over the micro-batch's m = B / n rows, not over all B (and
+  - the score function's batch-relative baseline ('batch': estimator.baseline, or
+    stages.sK.estimator.baseline for stage K) is the mean over the micro-batch's m = B / n rows, not over all B (and
     leave-one-out groups stay within a micro-batch). That mean includes the row's own reward, so
     the advantage is r - mean = (1 - 1/m) (r - mean of the other m - 1 rows) = (1 - n/B) x the
     micro-batch's leave-one-out advantage (the plain step's scale is 1 - 1/B); at B / n = 1 every
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tokjax import estimator, losses, models, sharding
+from tokjax import losses, models, sharding, stages
 from tokjax.errors import UserError
 from tokjax.models import hierarchical
 
@@ -187,16 +187,14 @@ def check_accumulation(config, mesh) -> int:
     )
   zeroed = _batch_baseline_stages(config) if b // n == 1 else ()
   if zeroed:
-    s = zeroed[0]
-    own = s > 0 and len(config.stages.baseline)
-    field = f'stages.baseline[{s - 1}]' if own else 'estimator.baseline'
-    other = tuple('none' if v == 'batch' else v for v in config.stages.baseline)
-    fix = f'--config.stages.baseline="{other}"' if own else '--config.estimator.baseline=rloo'
+    st = zeroed[0]
+    field = st.where('estimator.baseline')
+    fix = 'none' if field != 'config.estimator.baseline' else 'rloo'
     raise UserError(
         f'micro-batches of one row (data.batch_size={b} / optim.grad_accum_steps={n}) make every '
-        f"batch-relative advantage 0 ({field}='batch' subtracts the row's own reward), so stage "
-        f"{s}'s policy gets no gradient; use at least 2 rows per micro-batch or another baseline: "
-        f'{fix}.'
+        f"batch-relative advantage 0 ({field.removeprefix('config.')}='batch' subtracts the row's "
+        f"own reward), so stage {st.level}'s policy gets no gradient; use at least 2 rows per "
+        f'micro-batch or another baseline: --{field}={fix}.'
     )
   shards = mesh.shape['data'] * mesh.shape['fsdp']
   if (b // n) % shards:
@@ -208,14 +206,13 @@ def check_accumulation(config, mesh) -> int:
   return n
 
 
-def _batch_baseline_stages(config) -> tuple[int, ...]:
-  """The stages trained by the score function with the batch-relative baseline, as each stage reads
-  its baseline (`estimator.stage_settings`: config.stages.baseline above stage 0 where given)."""
+def _batch_baseline_stages(config) -> tuple[stages.Stage, ...]:
+  """The stages trained by the score function with the batch-relative baseline (each its own
+  `Stage.estimator.baseline`)."""
   return tuple(
-      s
-      for s in range(models.num_stages(config))
-      if models.trains_score_function(config, s)
-      and estimator.stage_settings(config, s).baseline == 'batch'
+      st
+      for st in stages.resolve(config)[: models.num_stages(config)]
+      if models.trains_score_function(config, st.level) and st.estimator.baseline == 'batch'
   )
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from tokjax import flops, significance
+from tokjax import stages as tokjax_stages
 from tokjax.config import files as config_files
 from tokjax.config import validation as config_validation
 from tokjax.lab import multistage
-from tokjax.models import stage_views
 
 
 def _corpus(tmp_path):
@@ -55,7 +55,7 @@ def test_multistage_trains_runs_at_equal_flops_and_reports_each_level(tmp_path):
     assert r['planned_flops'] == pytest.approx(flops.step_flops(cfg, rates) * r['steps'])
     assert math.isfinite(r['test']['bpb']) and 0 < r['test']['bpb'] < 10, r['run']
     assert math.isfinite(r['test']['bpb_se'])
-    stages = stage_views.stage_count(cfg)
+    stages = len(tokjax_stages.resolve(cfg))
     assert len(r['levels']) == stages
     drawn = r['passage']['levels']
     assert {m: len(v) for m, v in drawn.items()} == {'greedy': stages, 'sample': stages}
@@ -94,7 +94,7 @@ def test_seq_len_grows_every_chunk_buffer_with_the_sequence():
   longer = multistage.run_config('learned', 'unused', tiny=True, seq_len=4 * base.data.seq_len)
   assert longer.data.seq_len == 4 * base.data.seq_len
   assert longer.model.capacity == 4 * base.model.capacity
-  assert longer.stages.capacity == tuple(4 * c for c in base.stages.capacity)
+  assert longer.stages.s1.model.capacity == 4 * base.stages.s1.model.capacity
   config_validation.validate(longer)
 
 
@@ -103,7 +103,7 @@ def test_paper_two_stage_configs_match_the_one_stage_flops_per_byte(size):
   one = config_files.load(f'paper_{size}_fineweb')
   two = config_files.load(f'paper_two_stage_{size}')
   config_validation.validate(two)
-  assert stage_views.stage_count(two) == 2
+  assert len(tokjax_stages.resolve(two)) == 2
   ratio = flops.flops_per_byte(two, multistage.target_rates(two)) / flops.flops_per_byte(
       one, multistage.target_rates(one)
   )

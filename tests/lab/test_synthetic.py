@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from tokjax import boundary_stats, checkpointing, losses, sharding
+from tokjax import boundary_stats, checkpointing, losses, sharding, stages
 from tokjax import evaluator as evaluator_lib
 from tokjax import trainer as trainer_lib
 from tokjax.config import files as config_files
@@ -199,7 +199,7 @@ def test_successor_order_follows_each_phrase_with_one_of_its_successors():
 )
 def test_phrase_corpus_has_the_planted_structure(book, marks_by, order):
   spec = synthetic.PhraseSpec(book=book, marks_by=marks_by, order=order)
-  window = config_files.load('synthetic_two_stage').stages.window[0]
+  window = stages.get(config_files.load('synthetic_two_stage'), 1).window
   assert spec.min_distance > window  # The copies lie beyond the stage-1 layers' window.
   book = {b''.join(p) for p in synthetic.make_phrase_book(np.random.default_rng(2), spec)}
   assert len(book) == spec.phrase_book
@@ -247,21 +247,23 @@ def test_phrase_corpus_has_the_planted_structure(book, marks_by, order):
 
 
 def test_parse_overrides():
-  got = synthetic.parse_overrides(['learned:stages.lambda_rl=(0.5,)', 'no_rl:seed=3'])
-  assert got == {'learned': {'stages.lambda_rl': (0.5,)}, 'no_rl': {'seed': 3}}
-  for bad in ('learned', 'learned:stages.lambda_rl', 'learned:x=not a literal'):
+  got = synthetic.parse_overrides(['learned:stages.s1.estimator.lambda_rl=0.5', 'no_rl:seed=3'])
+  assert got == {'learned': {'stages.s1.estimator.lambda_rl': 0.5}, 'no_rl': {'seed': 3}}
+  for bad in ('learned', 'learned:stages.s1.estimator.lambda_rl', 'learned:x=not a literal'):
     with pytest.raises(synthetic.UserError):
       synthetic.parse_overrides([bad])
 
 
 def test_phrase_config_applies_the_files_and_the_commands_overrides():
-  c = synthetic.phrase_config('no_rl', 'corpus', 4, 2, 0, {'stages.gamma': (0.5,)}, tiny=True)
-  assert tuple(c.stages.lambda_rl) == (0.0,) and tuple(c.stages.gamma) == (0.5,)
+  c = synthetic.phrase_config(
+      'no_rl', 'corpus', 4, 2, 0, {'stages.s1.estimator.gamma': 0.5}, tiny=True
+  )
+  assert (stages.get(c, 1).estimator.lambda_rl, stages.get(c, 1).estimator.gamma) == (0.0, 0.5)
   assert c.data.corpus == 'corpus' and c.model.stages == 2
-  assert tuple(synthetic.phrase_config('uniform', '', 4, 2, 0).stages.method) == ('uniform',)
+  assert stages.get(synthetic.phrase_config('uniform', '', 4, 2, 0), 1).method == 'uniform'
   # --words: stage 0 is the whitespace rule, stage 1 still each run's own.
   given = synthetic.phrase_config('learned', '', 4, 2, 0, words=True)
-  assert given.boundary.method == 'whitespace' and tuple(given.stages.method) == ('policy',)
+  assert [st.method for st in stages.resolve(given)] == ['whitespace', 'policy']
   assert synthetic.phrase_config('learned', '', 4, 2, 0).boundary.method == 'policy'
   with pytest.raises(synthetic.UserError):
     config_files.load('synthetic_two_stage', 'learned,wrods')

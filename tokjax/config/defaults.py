@@ -8,13 +8,36 @@ overridden on the command line (`--config.model.d_model=256`). Elsewhere:
   tokjax/config/files.py        named variants of config files (`FILE.py:NAME`) and `load(name)`
   tokjax/config/saved.py        saved configs read onto these defaults: a new field's default must
                                 keep what the code did before it; a rename adds a `MIGRATIONS` entry
-  tokjax/models/stage_views.py  config.model.stages and config.stages as each stage reads them
+  tokjax/stages.py              `stages.resolve(config)`: each stage's settings, config.stages.sK
+                                over the top-level sections
 """
 
 import ml_collections
+from ml_collections import config_dict
 
-from tokjax import estimator
+from tokjax import estimator, stages
 from tokjax.models import registry
+
+
+def stage_section(config=None) -> ml_collections.ConfigDict:
+  """config.stages.sK: what stage K changes of the top-level sections (`stages.OVERRIDES` and every
+  registered method's own settings), each field None (the top level's value) until set.
+
+  Each field is a typed placeholder, so that `--config.stages.s1.estimator.gamma=0.9` parses as the
+  top-level field it overrides (a bare None field takes no command-line value). config: where the
+  fields' types come from (default: `base_config()`).
+  """
+  base = base_config() if config is None else config
+  section = {
+      name: {f: config_dict.placeholder(type(base[name][f])) for f in fields}
+      for name, fields in stages.OVERRIDES.items()
+  }
+  for name, method in registry.methods().items():
+    if method.defaults:
+      section['boundary'][name] = {
+          f: config_dict.placeholder(type(v)) for f, v in method.defaults.items()
+      }
+  return ml_collections.ConfigDict(section)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -52,31 +75,15 @@ def base_config() -> ml_collections.ConfigDict:
       capacity=128,  # Chunk buffer size C; boundaries beyond it are dropped (see boundaries.py).
       dtype='float32',  # Compute dtype: 'float32' | 'bfloat16' (parameters stay float32).
       # Stages (tokjax/models/hierarchical.py): S levels of boundaries. Stage 0 draws chunk boundaries
-      # over bytes with config.model / config.boundary; stages 1..S-1 each draw boundaries over the
-      # chunks of the stage below with config.stages.
+      # over bytes; stage K = 1..S-1 draws boundaries over the chunks of stage K - 1. Every stage
+      # reads config.model / config.boundary / config.estimator except where config.stages.sK says
+      # otherwise (tokjax/stages.py).
       stages=1,  # 1 = the paper's model (bytes -> chunks); 2 adds chunks of chunks.
       # Memory and speed options for the paper's sizes on accelerators (tokjax/models/layers.py). The
       # defaults change nothing; each is checked where it is used (layers.stack_options).
       remat=dict(encoder='none', main='none', decoder='none'),  # 'none' | 'dots' | 'full'.
       scan_layers=False,  # nn.scan over identical blocks (a different parameter tree).
       attention='blocked',  # 'blocked' | 'dot_product' | 'cudnn' (GPU, bfloat16).
-  )
-  # One tuple entry per stage above the bytes (all S - 1 long). A method's own settings
-  # (config.boundary.NAME) are shared by every stage that uses it.
-  c.stages = dict(
-      method=(),  # Boundary method of each stage: one that supports inner stages (registry).
-      target_rate=(),  # Boundaries per position of that stage's input (per chunk of the stage below).
-      capacity=(),  # Chunk buffer of each stage (>= 2; static shapes).
-      encoder_layers=(),  # Layers over the stage's input chunks before its boundaries.
-      decoder_layers=(),  # Layers over them after the inner stages' output is added back.
-      window=(),  # Attention width of those layers in bytes (0 = full causal attention).
-      # The score function of each stage (tokjax/estimator.py, `estimator.stage_settings`): one entry
-      # per stage, or () for config.estimator's value at every stage (the default).
-      reward=(),  # 'early_exit' | 'plain' | 'counterfactual' | 'counterfactual_greedy'.
-      gamma=(),
-      lambda_rl=(),
-      lambda_rate=(),
-      baseline=(),  # 'none' | 'batch' | 'rloo' (only with estimator.baseline='rloo').
   )
   # One sub-section per registered boundary method with settings (config.boundary.NAME, from the
   # method's registry entry: tokjax/models/registry.py) and per estimator baseline with settings
@@ -155,4 +162,11 @@ def base_config() -> ml_collections.ConfigDict:
           ('length', None),
       ),
   )
+  # config.stages.sK: stage K's own settings where they differ from the top level's (config.boundary,
+  # config.model, config.estimator): `stage_section`, every field None (inherited) until set, e.g.
+  # stages.s1.boundary.target_rate (per chunk of stage 0), stages.s1.model.capacity,
+  # stages.s1.model.{encoder,decoder}_layers (its chunk layers), stages.s1.model.byte_window (their
+  # attention width, in bytes), stages.s1.estimator.gamma, stages.s1.boundary.policy.window. A model
+  # of more stages adds c.stages.s2 = stage_section() and so on.
+  c.stages = dict(s1=stage_section(c))
   return c

@@ -37,8 +37,8 @@ CONFIGS_DIR = os.path.join(REPO, 'configs')
 
 
 def set_fields(config, fields: dict) -> None:
-  """Sets each dotted path of `fields` ({'stages.lambda_rl': (0.0,)}) in config, in place; a path
-  that names no field raises KeyError (a typo would otherwise add a field nothing reads)."""
+  """Sets each dotted path of `fields` ({'stages.s1.estimator.lambda_rl': 0.0}) in config, in place;
+  a path that names no field raises KeyError (a typo would otherwise add a field nothing reads)."""
   for path, value in fields.items():
     *parents, leaf = path.split('.')
     node = config

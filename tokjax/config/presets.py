@@ -79,7 +79,8 @@ def paper_two_stage_config(size: str, main_layers: int, stage_layers: int, corpu
   """paper_config(size) with a second stage: the score-function policy over stage-0 chunks at target
   rate 0.5 (512 slots), `stage_layers` layers before and after it, `main_layers` main layers.
 
-  The stage-1 layers attend over the byte layers' 64 bytes (config.stages.window counts bytes), so
+  The stage-1 layers attend over the byte layers' 64 bytes (stage 1 inherits config.model.byte_window,
+  which counts bytes), so
   only the main layers, one state per stage-1 chunk, reach further back: stage 1 is a bottleneck whose
   chunk ends decide what is carried past 64 bytes. With full attention there (window 0) the stage-1
   layers read every stage-0 chunk and stage 1's decisions would change the loss only at second order.
@@ -87,14 +88,9 @@ def paper_two_stage_config(size: str, main_layers: int, stage_layers: int, corpu
   c = paper_config(size)
   c.model.stages = 2
   c.model.main_layers = main_layers
-  c.stages.update(
-      method=('policy',),
-      target_rate=(0.5,),
-      capacity=(512,),
-      encoder_layers=(stage_layers,),
-      decoder_layers=(stage_layers,),
-      window=(c.model.byte_window,),
-  )
+  s1 = c.stages.s1
+  s1.boundary.update(method='policy', target_rate=0.5)
+  s1.model.update(capacity=512, encoder_layers=stage_layers, decoder_layers=stage_layers)
   c.train.workdir = f'runs/paper_two_stage_{size}'
   c.data.corpus = corpus
   return c

@@ -13,6 +13,7 @@ lab's rescoring) lays it onto today's `base_config()`:
 """
 
 import dataclasses
+import re
 from typing import Any, Callable
 
 import ml_collections
@@ -40,6 +41,41 @@ def _baseline_of(batch_relative, saved: dict) -> str:
   return 'none' if batch_relative is False and baseline == 'batch' else baseline
 
 
+# config.stages before its per-stage sections: one tuple per field, entry K - 1 for stage K
+# (estimator fields may be empty: every stage read config.estimator's). Field -> (section, field) of
+# config.stages.sK.
+_STAGE_TUPLES = {
+    'method': ('boundary', 'method'),
+    'target_rate': ('boundary', 'target_rate'),
+    'capacity': ('model', 'capacity'),
+    'encoder_layers': ('model', 'encoder_layers'),
+    'decoder_layers': ('model', 'decoder_layers'),
+    'window': ('model', 'byte_window'),
+    'reward': ('estimator', 'reward'),
+    'baseline': ('estimator', 'baseline'),
+    'gamma': ('estimator', 'gamma'),
+    'lambda_rl': ('estimator', 'lambda_rl'),
+    'lambda_rate': ('estimator', 'lambda_rate'),
+}
+
+
+def _stage_sections(stages: dict, saved: dict) -> dict:
+  """config.stages' tuples as the sections s1, s2, ... (a config saved with sections: unchanged).
+
+  An entry equal to the top level's value is kept: it reads the same, and it stays the stage's own
+  if the top level changes on a resume.
+  """
+  del saved
+  if not isinstance(stages, dict) or not set(stages) & set(_STAGE_TUPLES):
+    return stages
+  sections = {}
+  for field, values in stages.items():
+    part, name = _STAGE_TUPLES[field]
+    for i, value in enumerate(values):
+      sections.setdefault(f's{i + 1}', {}).setdefault(part, {})[name] = value
+  return sections
+
+
 # Every rename of a saved field, oldest first. A commit that renames or removes a field adds its entry
 # here, and tests/test_saved_configs.py loads a config saved before it.
 MIGRATIONS = (
@@ -56,6 +92,8 @@ MIGRATIONS = (
     Migration('estimator.batch_relative', 'estimator.baseline', '3911346', _baseline_of),
     # Whether a method trains by the score function is its registry entry's `score_function` now.
     Migration('estimator.kind', None, '3911346'),
+    # Per-stage settings moved from parallel tuples to one section per stage (tokjax/stages.py).
+    Migration('stages', 'stages', 'stages-as-sections', _stage_sections),
 )
 
 
@@ -104,20 +142,35 @@ def _plain(value):
   return value
 
 
+def _unset(value) -> bool:
+  """Whether a saved stage section (or one of its fields) sets nothing: every leaf None."""
+  if isinstance(value, dict):
+    return all(_unset(v) for v in value.values())
+  return value is None
+
+
 def _merge(target: ml_collections.ConfigDict, saved: dict, name: str) -> None:
   for key, value in saved.items():
     field = f'{name}.{key}'
     if key not in target:
-      if name == 'config.boundary' and key == saved.get('method') and isinstance(value, dict):
+      is_boundary = name == 'config.boundary' or re.fullmatch(
+          r'config\.stages\.s\d+\.boundary', name
+      )
+      if is_boundary and key == saved.get('method') and isinstance(value, dict):
         # The section of a method this process has not registered: validation says which import
         # registers it.
         target[key] = value
         continue
-      raise UserError(
-          f'the saved {field} is not a field of this version of tokjax, and no migration in '
-          'tokjax/config/saved.py names it (a run saved by a newer or a modified tokjax); read it '
-          'with the version that trained it.'
-      )
+      if name == 'config.stages' and re.fullmatch(r's[1-9]\d*', key) and isinstance(value, dict):
+        target[key] = config_defaults.stage_section()  # A stage above those the defaults declare.
+      elif name.startswith('config.stages.') and _unset(value):
+        continue  # A stage's section of a method this process has not registered, overriding nothing.
+      else:
+        raise UserError(
+            f'the saved {field} is not a field of this version of tokjax, and no migration in '
+            'tokjax/config/saved.py names it (a run saved by a newer or a modified tokjax); read '
+            'it with the version that trained it.'
+        )
     if isinstance(target[key], ml_collections.ConfigDict):
       if not isinstance(value, dict):
         raise UserError(f'the saved {field}={value!r} must be a section (a dict of fields).')

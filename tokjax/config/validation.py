@@ -3,8 +3,8 @@
 What holds for every field (a finite number; a field that tokjax.config.defaults declares) is checked here;
 each section of the config is checked by the code that reads it:
   data, eval                      tokjax/data/pipeline.py (`build_data` reads both)
-  model, boundary, stages         tokjax/models/validation.py (a boundary method's own section by
-                                  its registry entry's `validate`)
+  model, boundary, stages         tokjax/models/validation.py, on each `tokjax.stages.Stage` (a
+                                  boundary method's own settings by its registry entry's `validate`)
   train, optim                    tokjax/trainer.py
   estimator, stages' estimator    tokjax/estimator.py (a baseline's own section by its `validate`)
 """
@@ -13,17 +13,17 @@ import math
 
 import ml_collections
 
-from tokjax import estimator, models, trainer
+from tokjax import estimator, models, stages, trainer
 from tokjax.config import defaults as config_defaults
 from tokjax.data import pipeline
 from tokjax.errors import UserError
-from tokjax.models import registry, stage_views
+from tokjax.models import registry
 from tokjax.models import validation as model_validation
 
 
 def _non_finite(value, name):
   """(dotted name, value) of the first NaN or infinite number in value (nested dicts, lists), or
-  None; an entry of a tuple is named with its index (config.stages.gamma[0])."""
+  None; an entry of a tuple is named with its index (config.mesh.rules[0])."""
   if isinstance(value, float) and not math.isfinite(value):
     return name, value
   if isinstance(value, (dict, ml_collections.ConfigDict)):
@@ -53,6 +53,25 @@ def _check_sections(config) -> None:
           f'config.{section}.{key} is not a field; config.{section} has '
           f'{sorted(base[section].keys())}.'
       )
+  template = base.stages.s1
+  for name, own in config.stages.items():
+    if not isinstance(own, ml_collections.ConfigDict):
+      continue  # stages.resolve names what config.stages may hold.
+    for part, fields in own.items():
+      if part not in template or not isinstance(fields, ml_collections.ConfigDict):
+        raise UserError(
+            f'config.stages.{name}.{part} is not a section; a stage section has '
+            f'{sorted(template.keys())}.'
+        )
+      for key in fields.keys():
+        if key in template[part]:
+          continue
+        if part == 'boundary' and key == fields.get('method'):
+          registry.get(key)
+        raise UserError(
+            f'config.stages.{name}.{part}.{key} is not a field; it has '
+            f'{sorted(template[part].keys())}.'
+        )
 
 
 def validate(config) -> None:
@@ -66,6 +85,6 @@ def validate(config) -> None:
   trainer.validate(config)
   estimator.validate(
       config,
-      stages=stage_views.stage_count(config),
+      stages.resolve(config),
       score_function=models.trains_score_function(config, 0),
   )

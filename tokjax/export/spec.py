@@ -1,14 +1,14 @@
 """A tokjax config read as the exported model's config.json fields (configuration_tokjax.py).
 
 Every per-stage setting is read through `stage_settings`, the one place that knows how a config
-spells its stages (today through `tokjax.models.stage_views`).
+spells its stages (today through `tokjax.stages.resolve`).
 """
 
 import dataclasses
 
-from tokjax import models
+from tokjax import models, stages
 from tokjax.errors import UserError
-from tokjax.models import registry, stage_views
+from tokjax.models import registry
 from tokjax.vocab import BOS_ID, PAD_ID, VOCAB_SIZE
 
 # The methods the PyTorch port implements (modeling_tokjax.BOUNDARY_METHODS, which this module
@@ -28,12 +28,12 @@ _MODULE_FIELDS = ('parent', 'name')
 
 def check_exportable(config) -> None:
   """UserError naming the first stage's method that cannot be exported."""
-  for s in range(models.num_stages(config)):
-    method = stage_views.stage_method(config, s)
+  for st in stages.resolve(config)[: models.num_stages(config)]:
+    method = st.method
     registry.get(method)  # An unregistered one: the registry's own line.
     if method not in EXPORTABLE:
       why = REFUSED.get(method, 'the PyTorch port does not implement it')
-      where = 'config.boundary.method' if s == 0 else f'config.stages.method[{s - 1}]'
+      where = st.where('method')
       raise UserError(
           f'{where}={method!r} cannot be exported: {why}; export a run of one of {EXPORTABLE}.'
       )
@@ -42,20 +42,20 @@ def check_exportable(config) -> None:
 def stage_settings(config, s: int) -> dict:
   """Stage s's entry of config.json 'stages': its method, capacity and the method's own settings
   (the fields of the module the registry builds for it), and for s >= 1 its chunk layers."""
-  view = stage_views.stage_config(config, s)
-  module = models.build_boundary(view)
-  entry = {'method': stage_views.stage_method(config, s)}
+  st = stages.get(config, s)
+  module = models.build_boundary(config, st)
+  entry = {'method': st.method}
   if dataclasses.is_dataclass(module):
     for f in dataclasses.fields(module):
       value = getattr(module, f.name)
       if f.name not in _MODULE_FIELDS and isinstance(value, (int, float, str, bool)):
         entry[f.name] = value
-  entry['capacity'] = int(view.model.capacity)
+  entry['capacity'] = int(st.capacity)
   if s:
     entry.update(
-        encoder_layers=int(config.stages.encoder_layers[s - 1]),
-        decoder_layers=int(config.stages.decoder_layers[s - 1]),
-        layer_window=int(config.stages.window[s - 1]),
+        encoder_layers=int(st.encoder_layers),
+        decoder_layers=int(st.decoder_layers),
+        layer_window=int(st.window),
     )
   return entry
 

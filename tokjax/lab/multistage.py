@@ -32,13 +32,12 @@ import sys
 from absl import flags, logging
 import jax
 
-from tokjax import boundary_stats, checkpointing, cli, flops, significance, tokenization
+from tokjax import boundary_stats, checkpointing, cli, flops, significance, stages, tokenization
 from tokjax.config import files as config_files
 from tokjax.config import presets
 from tokjax.data import corpora, pipeline
 from tokjax.errors import UserError
 from tokjax.lab import common
-from tokjax.models import stage_views
 
 # run -> (configs/FILE.py, its variant or None, boundary methods per stage as shown in the tables).
 RUNS = {
@@ -102,7 +101,9 @@ def run_config(
   if seq_len:
     grow = lambda capacity: int(math.ceil(capacity * seq_len / c.data.seq_len))
     c.model.capacity = grow(c.model.capacity)
-    c.stages.capacity = tuple(grow(x) for x in c.stages.capacity)
+    for own in c.stages.values():  # A stage without its own buffer inherits the grown one.
+      if own.model.capacity is not None:
+        own.model.capacity = grow(own.model.capacity)
     c.data.seq_len = seq_len
   return c
 
@@ -119,10 +120,7 @@ def run_configs(runs, corpus: str, tiny=False, seed=0, batch=0, seq_len=0) -> di
 
 def target_rates(config) -> tuple[float, ...]:
   """Each stage's target rate: stage 0's per byte, stage s's per chunk of stage s - 1."""
-  stages = stage_views.stage_count(config)
-  return (float(config.boundary.target_rate),) + tuple(
-      float(r) for r in config.stages.target_rate[: stages - 1]
-  )
+  return tuple(float(st.target_rate) for st in stages.resolve(config))
 
 
 def equal_flops_steps(configs: dict, base_steps: int, base: str = BASE) -> dict:

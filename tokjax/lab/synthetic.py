@@ -65,7 +65,7 @@ from absl import flags, logging
 import jax
 import numpy as np
 
-from tokjax import boundary_stats, checkpointing, cli, significance, tokenization
+from tokjax import boundary_stats, checkpointing, cli, significance, stages, tokenization
 from tokjax import train as train_lib
 from tokjax.config import files as config_files
 from tokjax.config import validation as config_validation
@@ -912,7 +912,7 @@ def phrase_experiment(
       r: phrase_config(r, '', steps, eval_every, seed, overrides.get(r), tiny, words) for r in runs
   }
   n = next(iter(configs.values())).data.seq_len - 1
-  window = int(next(iter(configs.values())).stages.window[0])
+  window = int(stages.get(next(iter(configs.values())), 1).window)
   if spec.min_distance <= window:
     raise UserError(f'copies {spec.min_distance} bytes back are inside the {window}-byte window.')
   corpus = os.path.join(workdir, 'corpus')

@@ -1,29 +1,32 @@
 """Model construction from a config: `build_model(config)` (its training objective: losses.objective).
 
-The boundary method comes from the registry (tokjax/models/registry.py) by config.boundary.method.
+Each stage's boundary method comes from the registry (tokjax/models/registry.py) by its
+`tokjax.stages.Stage` (`stages.resolve(config)`).
 Every model built here is an `interface.ByteLM`: callers read its stages, init arguments and modes
 from the model and its `interface.ModelOutput`, never config.model.kind.
 """
 
 import jax.numpy as jnp
 
-from tokjax import estimator
-from tokjax.models import flat, hierarchical, layers, registry, stage_views
+from tokjax import estimator, stages
+from tokjax.models import flat, hierarchical, layers, registry
 from tokjax.vocab import VOCAB_SIZE
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
-def build_boundary(config):
-  """The boundary method named by config.boundary.method, built from its registry entry."""
-  return registry.get(config.boundary.method).build(config)
+def build_boundary(config, stage: stages.Stage | None = None):
+  """The boundary module of `stage` (default: config's stage 0), built from its method's registry
+  entry."""
+  stage = stages.get(config, 0) if stage is None else stage
+  return registry.get(stage.method).build(stage, config)
 
 
 def trains_score_function(config, s: int) -> bool:
-  """Whether stage s's boundaries are trained by the score function (config.estimator, read per
-  stage by `estimator.stage_settings`): config's model has a stage s (`num_stages`) and its boundary
-  method's registry entry says score_function."""
-  return s < num_stages(config) and registry.get(stage_views.stage_method(config, s)).score_function
+  """Whether stage s's boundaries are trained by the score function (with `Stage.estimator`):
+  config's model has a stage s (`num_stages`) and its boundary method's registry entry says
+  score_function."""
+  return s < num_stages(config) and registry.get(stages.get(config, s).method).score_function
 
 
 def trains_critic(config) -> bool:
@@ -35,6 +38,7 @@ def trains_critic(config) -> bool:
 def build_model(config):
   """config.model.kind: 'flat' (FlatByteLM) or 'hierarchical' (HierarchicalByteLM)."""
   m = config.model
+  levels = stages.resolve(config)
   dtype = DTYPES[m.dtype]
   opts = layers.stack_options(m)  # Remat, scanned layers, attention: checked here (UserError).
   if m.kind == 'flat':
@@ -54,14 +58,14 @@ def build_model(config):
       vocab_size=VOCAB_SIZE,
       d_model=m.d_model,
       num_heads=m.num_heads,
-      encoder_layers=m.encoder_layers,
+      encoder_layers=levels[0].encoder_layers,
       main_layers=m.main_layers,
-      decoder_layers=m.decoder_layers,
-      boundary=build_boundary(config),
-      byte_window=m.byte_window,
+      decoder_layers=levels[0].decoder_layers,
+      boundary=build_boundary(config, levels[0]),
+      byte_window=levels[0].window,
       byte_mlp_ratio=m.byte_mlp_ratio,
       main_mlp_ratio=m.main_mlp_ratio,
-      capacity=m.capacity,
+      capacity=levels[0].capacity,
       dtype=dtype,
       value_head=trains_critic(config),
       remat=tuple(opts['remat'][s] for s in ('encoder', 'main', 'decoder')),
@@ -72,22 +76,22 @@ def build_model(config):
 
 
 def inner_stages(config) -> tuple[hierarchical.StageSettings, ...]:
-  """HierarchicalByteLM's stages 1..S-1 (config.model.stages, config.stages): () for one stage."""
+  """HierarchicalByteLM's stages 1..S-1 (`stages.resolve`): () for one stage."""
   return tuple(
       hierarchical.StageSettings(
-          boundary=build_boundary(stage_views.stage_config(config, s)),
-          capacity=int(config.stages.capacity[s - 1]),
-          encoder_layers=int(config.stages.encoder_layers[s - 1]),
-          decoder_layers=int(config.stages.decoder_layers[s - 1]),
-          window=int(config.stages.window[s - 1]),
+          boundary=build_boundary(config, st),
+          capacity=int(st.capacity),
+          encoder_layers=int(st.encoder_layers),
+          decoder_layers=int(st.decoder_layers),
+          window=int(st.window),
       )
-      for s in range(1, stage_views.stage_count(config))
+      for st in stages.resolve(config)[1:]
   )
 
 
 def num_stages(config) -> int:
   """`interface.ByteLM.num_stages` of config's model without building it: 0 for the flat model."""
-  return 0 if config.model.kind == 'flat' else stage_views.stage_count(config)
+  return 0 if config.model.kind == 'flat' else stages.count(config)
 
 
 def init_args(config, batch_size: int, seq_len: int):

@@ -297,26 +297,27 @@ class BoundaryPolicy(nn.Module):
     )
 
 
-def _build(config):
-  b = config.boundary
+def _build(stage, config):
+  del config
+  p = stage.settings
   return BoundaryPolicy(
-      target_rate=b.target_rate,
-      window=b.policy.window,
-      scale=b.policy.scale,
-      capacity=config.model.capacity,
-      form=b.policy.form,
+      target_rate=stage.target_rate,
+      window=p.window,
+      scale=p.scale,
+      capacity=stage.capacity,
+      form=p.form,
   )
 
 
-def _validate(config):
-  p = config.boundary.policy
+def _validate(stage):
+  p, where = stage.settings, lambda f: stage.where(f'settings.{f}')
   if not (isinstance(p.window, int) and p.window >= 1):
-    raise UserError(f'config.boundary.policy.window={p.window!r} must be an integer >= 1.')
+    raise UserError(f'{where("window")}={p.window!r} must be an integer >= 1.')
   if not p.scale > 0:
-    raise UserError(f'config.boundary.policy.scale={p.scale!r} must be positive (1/16 is usual).')
+    raise UserError(f'{where("scale")}={p.scale!r} must be positive (1/16 is usual).')
   if p.form not in FORMS:
     raise UserError(
-        f'config.boundary.policy.form={p.form!r} must be one of {", ".join(map(repr, FORMS))} '
+        f'{where("form")}={p.form!r} must be one of {", ".join(map(repr, FORMS))} '
         "('auto': plain for window 1, scaled above)."
     )
 

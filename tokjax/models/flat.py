@@ -38,15 +38,15 @@ class FlatByteLM(nn.Module):
     del key, mode
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     x = layers.Embed(self.vocab_size, self.d_model, self.dtype, name='embed')(tokens)
-    x = layers.Stack(
-        self.num_layers,
-        self.num_heads,
-        self.mlp_hidden,
-        self.window,
-        self.dtype,
-        self.remat,
-        self.scan_layers,
-        self.attention,
-        name='layers',
-    )(x, positions)
+    settings = layers.StackSettings(
+        num_layers=self.num_layers,
+        num_heads=self.num_heads,
+        mlp_hidden=self.mlp_hidden,
+        window=self.window,
+        dtype=self.dtype,
+        remat=self.remat,
+        scan=self.scan_layers,
+        attention=self.attention,
+    )
+    x = layers.Stack(settings, name='layers')(x, positions)
     return interface.ModelOutput(layers.LMHead(self.vocab_size, self.dtype, name='head')(x))

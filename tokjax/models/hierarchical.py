@@ -42,7 +42,8 @@ from tokjax.vocab import PAD_ID
 
 @dataclasses.dataclass(frozen=True)
 class StageSettings:
-  """One stage s >= 1 of `HierarchicalByteLM`: what it reads over the chunks of stage s - 1.
+  """One stage s >= 1 of `HierarchicalByteLM`: what it reads over the chunks of stage s - 1 (built
+  from `tokjax.stages.Stage` s by `tokjax.models.build_model`).
 
   boundary: its boundary module (any module with the `BoundaryPolicy` call signature), left unbound:
   the model binds it in setup as `inner_boundaries_{s - 1}` (flax does not look for modules inside a
@@ -88,29 +89,32 @@ class HierarchicalByteLM(nn.Module):
   # Stages 1..S-1 (empty for the one-stage model): entry s - 1 is stage s.
   inner_stages: tuple[StageSettings, ...] = ()
 
-  def stack_args(self, which: str) -> tuple:
-    """`layers.Stack`'s arguments for stack `which` ('encoder' | 'main' | 'decoder')."""
-    d, h = self.d_model, self.num_heads
-    n, mlp, window = {
+  def stack_settings(self, which: str) -> layers.StackSettings:
+    """The `layers.Stack` of stack `which` ('encoder' | 'main' | 'decoder')."""
+    d = self.d_model
+    num_layers, mlp_hidden, window = {
         'encoder': (self.encoder_layers, self.byte_mlp_ratio * d, self.byte_window),
         'main': (self.main_layers, self.main_mlp_ratio * d, 0),
         'decoder': (self.decoder_layers, self.byte_mlp_ratio * d, self.byte_window),
     }[which]
     remat = self.remat[('encoder', 'main', 'decoder').index(which)]
-    return (n, h, mlp, window, self.dtype, remat, self.scan_layers, self.attention)
+    return self._stack(num_layers, mlp_hidden, window, remat)
 
-  def inner_stack_args(self, stage: StageSettings, layers_: int) -> tuple:
-    """`layers.Stack`'s arguments for `layers_` chunk layers of an inner stage (encoder or decoder)."""
-    mlp, remat = self.main_mlp_ratio * self.d_model, self.remat[1]
-    return (
-        layers_,
-        self.num_heads,
-        mlp,
-        stage.window,
-        self.dtype,
-        remat,
-        self.scan_layers,
-        self.attention,
+  def inner_stack_settings(self, stage: StageSettings, num_layers: int) -> layers.StackSettings:
+    """The `layers.Stack` of num_layers chunk layers of an inner stage (its encoder or decoder):
+    chunk-wide MLPs and the main stack's remat, within the stage's window."""
+    return self._stack(num_layers, self.main_mlp_ratio * self.d_model, stage.window, self.remat[1])
+
+  def _stack(self, num_layers, mlp_hidden, window, remat) -> layers.StackSettings:
+    return layers.StackSettings(
+        num_layers=num_layers,
+        num_heads=self.num_heads,
+        mlp_hidden=mlp_hidden,
+        window=window,
+        dtype=self.dtype,
+        remat=remat,
+        scan=self.scan_layers,
+        attention=self.attention,
     )
 
   # The `interface.ByteLM` properties.
@@ -130,9 +134,9 @@ class HierarchicalByteLM(nn.Module):
 
   def setup(self):
     self.embed = layers.Embed(self.vocab_size, self.d_model, self.dtype)
-    self.encoder = layers.Stack(*self.stack_args('encoder'))
-    self.main = layers.Stack(*self.stack_args('main'))
-    self.decoder = layers.Stack(*self.stack_args('decoder'))
+    self.encoder = layers.Stack(self.stack_settings('encoder'))
+    self.main = layers.Stack(self.stack_settings('main'))
+    self.decoder = layers.Stack(self.stack_settings('decoder'))
     self.early_head = layers.LMHead(self.vocab_size, self.dtype)
     self.head = layers.LMHead(self.vocab_size, self.dtype)
     # The submodule names (inner_boundaries_0, inner_encoders_0, ...) are the parameter paths that
@@ -140,10 +144,10 @@ class HierarchicalByteLM(nn.Module):
     inner = self.inner_stages
     self.inner_boundaries = [st.boundary for st in inner]
     self.inner_encoders = [
-        layers.Stack(*self.inner_stack_args(st, st.encoder_layers)) for st in inner
+        layers.Stack(self.inner_stack_settings(st, st.encoder_layers)) for st in inner
     ]
     self.inner_decoders = [
-        layers.Stack(*self.inner_stack_args(st, st.decoder_layers)) for st in inner
+        layers.Stack(self.inner_stack_settings(st, st.decoder_layers)) for st in inner
     ]
     self.inner_early_heads = [layers.LMHead(self.vocab_size, self.dtype) for _ in inner]
     if self.value_head:

@@ -24,6 +24,7 @@ Every parameter carries logical axis names (`embed`, `heads`, `kv`, `mlp`, `voca
 Shape names: B batch, L sequence length, D model width, H heads, K head width, F MLP width, W window.
 """
 
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -290,30 +291,43 @@ class GeGLU(nn.Module):
     return jnp.einsum('...f,fd->...d', h, down)
 
 
-class Block(nn.Module):
-  """Gemma-2 block: x + post_norm(attn(pre_norm(x))), then x + post_norm(mlp(pre_norm(x))).
+@dataclasses.dataclass(frozen=True)
+class StackSettings:
+  """What a `Stack` builds: num_layers blocks of num_heads heads and a GeGLU of width mlp_hidden,
+  attending within window positions (0: full causal attention; see `Attention`), computing in dtype,
+  with the memory and speed options remat, scan and attention (see the module docstring and
+  `stack_options`)."""
 
-  With a key/value `cache` (see `Attention`) it returns (x, updated cache).
-  """
-
+  num_layers: int
   num_heads: int
   mlp_hidden: int
   window: int = 0
   dtype: Dtype = jnp.float32
+  remat: str = 'none'
+  scan: bool = False
   attention: str = 'blocked'
+
+
+class Block(nn.Module):
+  """Gemma-2 block: x + post_norm(attn(pre_norm(x))), then x + post_norm(mlp(pre_norm(x))).
+
+  With a key/value `cache` (see `Attention`) it returns (x, updated cache). settings: its `Stack`'s
+  (num_layers, remat and scan are the stack's business).
+  """
+
+  settings: StackSettings
 
   @nn.compact
   def __call__(self, x, positions, key_valid=None, cache=None, slot=None, write=None):
-    h = Attention(self.num_heads, self.window, self.dtype, self.attention, name='attn')(
-        RMSNorm(dtype=self.dtype, name='pre_attn_norm')(x), positions, key_valid, cache, slot, write
+    s = self.settings
+    h = Attention(s.num_heads, s.window, s.dtype, s.attention, name='attn')(
+        RMSNorm(dtype=s.dtype, name='pre_attn_norm')(x), positions, key_valid, cache, slot, write
     )
     if cache is not None:
       h, cache = h
-    x = x + RMSNorm(dtype=self.dtype, name='post_attn_norm')(h)
-    h = GeGLU(self.mlp_hidden, self.dtype, name='mlp')(
-        RMSNorm(dtype=self.dtype, name='pre_mlp_norm')(x)
-    )
-    x = x + RMSNorm(dtype=self.dtype, name='post_mlp_norm')(h)
+    x = x + RMSNorm(dtype=s.dtype, name='post_attn_norm')(h)
+    h = GeGLU(s.mlp_hidden, s.dtype, name='mlp')(RMSNorm(dtype=s.dtype, name='pre_mlp_norm')(x))
+    x = x + RMSNorm(dtype=s.dtype, name='post_mlp_norm')(h)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     return x if cache is None else (x, cache)
 
@@ -321,17 +335,11 @@ class Block(nn.Module):
 class _ScanBlock(nn.Module):
   """A `Block` in `nn.scan`'s calling convention: (carry x, per-layer cache) -> (x, cache)."""
 
-  num_heads: int
-  mlp_hidden: int
-  window: int = 0
-  dtype: Dtype = jnp.float32
-  attention: str = 'blocked'
+  settings: StackSettings
 
   @nn.compact
   def __call__(self, x, cache, positions, key_valid, slot, write):
-    out = Block(
-        self.num_heads, self.mlp_hidden, self.window, self.dtype, self.attention, name='block'
-    )(x, positions, key_valid, cache, slot, write)
+    out = Block(self.settings, name='block')(x, positions, key_valid, cache, slot, write)
     return out if cache is not None else (out, None)
 
 
@@ -347,47 +355,41 @@ SCAN_NAME = (
 
 
 class Stack(nn.Module):
-  """`num_layers` blocks in sequence (see the module docstring for remat, scan and attention).
+  """`settings.num_layers` blocks in sequence (see the module docstring for remat, scan and
+  attention).
 
   Called with caches (a list of one cache per block) it returns (x, updated caches).
   """
 
-  num_layers: int
-  num_heads: int
-  mlp_hidden: int
-  window: int = 0
-  dtype: Dtype = jnp.float32
-  remat: str = 'none'
-  scan: bool = False
-  attention: str = 'blocked'
+  settings: StackSettings
 
   @nn.compact
   def __call__(self, x, positions, key_valid=None, caches=None, slot=None, write=None):
-    fields = (self.num_heads, self.mlp_hidden, self.window, self.dtype, self.attention)
-    if self.scan and self.num_layers:
+    s = self.settings
+    if s.scan and s.num_layers:
       step = _ScanBlock
-      if self.remat != 'none':
-        step = nn.remat(step, policy=REMAT_POLICIES[self.remat], prevent_cse=False)
+      if s.remat != 'none':
+        step = nn.remat(step, policy=REMAT_POLICIES[s.remat], prevent_cse=False)
       stacked = None if caches is None else jax.tree.map(lambda *c: jnp.stack(c), *caches)
       scanned = nn.scan(
           step,
           variable_axes={'params': 0},
           split_rngs={'params': True},
           in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
-          length=self.num_layers,
+          length=s.num_layers,
           metadata_params={nn.PARTITION_NAME: 'layers'},
       )
-      x, stacked = scanned(*fields, name=SCAN_NAME)(x, stacked, positions, key_valid, slot, write)
+      x, stacked = scanned(s, name=SCAN_NAME)(x, stacked, positions, key_valid, slot, write)
       if caches is None:
         return x
-      return x, [jax.tree.map(lambda c, i=i: c[i], stacked) for i in range(self.num_layers)]
+      return x, [jax.tree.map(lambda c, i=i: c[i], stacked) for i in range(s.num_layers)]
     block = Block
-    if self.remat != 'none':
-      block = nn.remat(block, policy=REMAT_POLICIES[self.remat])
+    if s.remat != 'none':
+      block = nn.remat(block, policy=REMAT_POLICIES[s.remat])
     new_caches = []
-    for i in range(self.num_layers):
+    for i in range(s.num_layers):
       cache = None if caches is None else caches[i]
-      x = block(*fields, name=f'block_{i}')(x, positions, key_valid, cache, slot, write)
+      x = block(s, name=f'block_{i}')(x, positions, key_valid, cache, slot, write)
       if caches is not None:
         x, cache = x
         new_caches.append(cache)

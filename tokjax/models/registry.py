@@ -21,21 +21,25 @@ class BoundaryMethod:
   """One boundary method.
 
   name: the value of config.boundary.method.
-  build: config -> the flax module (called as `module(h, key, mode, actions, tokens, early_logits)`,
-    returning `boundaries.Boundaries`); it reads its settings from config.boundary.NAME.
+  build: (stage, config) -> the flax module of one stage (called as `module(h, key, mode, actions,
+    tokens, early_logits)`, returning `boundaries.Boundaries`). stage: a `tokjax.stages.Stage`, which
+    holds the method's own settings as that stage reads them (`stage.settings.FIELD`: config.boundary.
+    NAME.FIELD, or config.stages.sK.boundary.NAME.FIELD where stage K sets it), its target_rate and
+    capacity; config: the rest (model width, data).
   defaults: the fields of config.boundary.NAME with their defaults ({} = no settings).
   score_function: trained by the score-function (policy-gradient) estimator of config.estimator; a
     method without it gets no policy gradient and no rate loss from the estimator (its own rate
     control, if any, is `Boundaries.aux_loss`).
   sampling: mode 'sample' draws boundaries at random (else 'sample' and 'greedy' are the same rule).
-  inner_stages: it can also draw boundaries over the chunks of a stage below (config.stages.method):
+  inner_stages: it can also draw boundaries over the chunks of a stage below (stages.sK.boundary.method):
     it reads only its input states h and, as `tokens`, the byte at each input position's end.
   description: one line for listings (--methods help, configs/compare.py, README).
-  validate: optional config -> None that raises UserError for bad settings of this method.
+  validate: optional stage -> None that raises UserError for bad settings of this method at that
+    stage, naming the field by `stage.where('settings.FIELD')`.
   """
 
   name: str
-  build: Callable[[Any], Any]
+  build: Callable[[Any, Any], Any]
   defaults: dict = dataclasses.field(default_factory=dict)
   score_function: bool = False
   sampling: bool = False

@@ -44,14 +44,9 @@ def two_stage(config):
   """config with a second stage of the learned policy over its chunks."""
   c = config.copy_and_resolve_references()
   c.model.stages = 2
-  c.stages.update(
-      method=('policy',),
-      target_rate=(0.33,),
-      capacity=(c.model.capacity // 2,),
-      encoder_layers=(1,),
-      decoder_layers=(1,),
-      window=(0,),
-  )
+  s1 = c.stages.s1
+  s1.boundary.update(method='policy', target_rate=0.33)
+  s1.model.update(capacity=c.model.capacity // 2, encoder_layers=1, decoder_layers=1, byte_window=0)
   return c
 
 

@@ -31,6 +31,7 @@ from jax.experimental import buffer_callback
 import jax.numpy as jnp
 import numpy as np
 
+from tokjax import stages
 from tokjax.errors import UserError
 from tokjax.models import registry
 from tokjax.models.rivals import common
@@ -116,14 +117,17 @@ def fit_tokenizer(
   return best
 
 
-def cached_tokenizer_json(config) -> str:
-  """The tokenizer JSON for this config: config.boundary.bpe.tokenizer if set, else trained once on
-  the config's training split and cached under the data folder (keyed by corpus, split and rate)."""
-  path = config.boundary.bpe.tokenizer
+def cached_tokenizer_json(config, stage=None) -> str:
+  """The tokenizer JSON of stage (default: config's stage 0): its bpe.tokenizer setting if set, else
+  trained once on the config's training split and cached under the data folder (keyed by corpus,
+  split and the stage's rate)."""
+  stage = stages.get(config, 0) if stage is None else stage
+  settings = stage.settings
+  path = settings.tokenizer
   if path:
     if not os.path.isfile(path):
       raise UserError(
-          f'config.boundary.bpe.tokenizer={path!r} does not exist; give a tokenizer JSON '
+          f'{stage.where("settings.tokenizer")}={path!r} does not exist; give a tokenizer JSON '
           'or leave it empty to train one on the training split.'
       )
     with open(path) as f:
@@ -138,10 +142,10 @@ def cached_tokenizer_json(config) -> str:
           d.val_fraction,
           d.test_fraction,
           d.split_seed,
-          float(config.boundary.target_rate),
+          float(stage.target_rate),
       )
       # Tokenizers fitted before the pretokenize setting existed keep their cache key.
-      + (() if config.boundary.bpe.pretokenize == 'words' else (config.boundary.bpe.pretokenize,))
+      + (() if settings.pretokenize == 'words' else (settings.pretokenize,))
   )
   folder = os.path.join(d.data_dir or str(corpora.default_data_dir()), 'bpe')
   path = os.path.join(folder, hashlib.sha1(key.encode()).hexdigest()[:16] + '.json')
@@ -150,12 +154,12 @@ def cached_tokenizer_json(config) -> str:
     tok, vocab, rate = fit_tokenizer(
         splits['train'],
         splits['val'],
-        config.boundary.target_rate,
-        pretokenize=config.boundary.bpe.pretokenize,
+        stage.target_rate,
+        pretokenize=settings.pretokenize,
     )
     print(
         f'bpe: trained a {vocab}-token byte-level BPE, {rate:.3f} tokens per byte on val '
-        f'(target {config.boundary.target_rate}); cached at {path}',
+        f'(target {stage.target_rate}); cached at {path}',
         flush=True,
     )
     os.makedirs(folder, exist_ok=True)
@@ -240,10 +244,10 @@ class BPEGuided(nn.Module):
     return common.finish(sampled, self.capacity)
 
 
-def _validate(config) -> None:
-  if config.boundary.bpe.pretokenize not in PRETOKENIZE:
+def _validate(stage) -> None:
+  if stage.settings.pretokenize not in PRETOKENIZE:
     raise UserError(
-        f'config.boundary.bpe.pretokenize={config.boundary.bpe.pretokenize!r} must be one of '
+        f'{stage.where("settings.pretokenize")}={stage.settings.pretokenize!r} must be one of '
         f'{", ".join(PRETOKENIZE)}.'
     )
 
@@ -251,8 +255,8 @@ def _validate(config) -> None:
 registry.register(
     registry.BoundaryMethod(
         name='bpe',
-        build=lambda c: BPEGuided(
-            tokenizer_json=cached_tokenizer_json(c), capacity=c.model.capacity
+        build=lambda st, c: BPEGuided(
+            tokenizer_json=cached_tokenizer_json(c, st), capacity=st.capacity
         ),
         # tokenizer: JSON path; '' = train one on the training split (cached in the data folder).
         # pretokenize: 'words' (no merge crosses a word start) | 'none' (merges cross spaces:

@@ -68,9 +68,7 @@ class EntropySpikes(nn.Module):
 registry.register(
     registry.BoundaryMethod(
         name='entropy',
-        build=lambda c: EntropySpikes(
-            target_rate=c.boundary.target_rate, capacity=c.model.capacity
-        ),
+        build=lambda st, c: EntropySpikes(target_rate=st.target_rate, capacity=st.capacity),
         description='entropy spikes (BLT) of the early-exit head, learned threshold',
     )
 )

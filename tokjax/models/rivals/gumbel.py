@@ -86,24 +86,24 @@ class GumbelPooling(nn.Module):
     )
 
 
-def _validate(config):
-  g = config.boundary.gumbel
+def _validate(stage):
+  g = stage.settings
   if not g.temperature > 0:
     raise UserError(
-        f'config.boundary.gumbel.temperature={g.temperature} must be positive (1.0 is usual).'
+        f'{stage.where("settings.temperature")}={g.temperature} must be positive (1.0 is usual).'
     )
   if not g.prior_weight >= 0:
-    raise UserError(f'config.boundary.gumbel.prior_weight={g.prior_weight} must be >= 0.')
+    raise UserError(f'{stage.where("settings.prior_weight")}={g.prior_weight} must be >= 0.')
 
 
 registry.register(
     registry.BoundaryMethod(
         name='gumbel',
-        build=lambda c: GumbelPooling(
-            target_rate=c.boundary.target_rate,
-            capacity=c.model.capacity,
-            temperature=c.boundary.gumbel.temperature,
-            prior_weight=c.boundary.gumbel.prior_weight,
+        build=lambda st, c: GumbelPooling(
+            target_rate=st.target_rate,
+            capacity=st.capacity,
+            temperature=st.settings.temperature,
+            prior_weight=st.settings.prior_weight,
         ),
         defaults=dict(
             temperature=1.0,  # Gumbel-sigmoid temperature tau.

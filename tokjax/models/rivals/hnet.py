@@ -81,10 +81,10 @@ class HNetRouter(nn.Module):
 registry.register(
     registry.BoundaryMethod(
         name='hnet',
-        build=lambda c: HNetRouter(
-            target_rate=c.boundary.target_rate,
-            capacity=c.model.capacity,
-            ratio_weight=c.boundary.hnet.ratio_weight,
+        build=lambda st, c: HNetRouter(
+            target_rate=st.target_rate,
+            capacity=st.capacity,
+            ratio_weight=st.settings.ratio_weight,
         ),
         defaults=dict(ratio_weight=0.03),  # Weight of H-Net's ratio loss in the total loss.
         inner_stages=True,

@@ -87,14 +87,14 @@ class Uniform(nn.Module):
 registry.register(
     registry.BoundaryMethod(
         name='whitespace',
-        build=lambda c: Whitespace(capacity=c.model.capacity),
+        build=lambda st, c: Whitespace(capacity=st.capacity),
         description='SpaceByte rule: a chunk ends at the first spacelike byte of a run',
     )
 )
 registry.register(
     registry.BoundaryMethod(
         name='stride',
-        build=lambda c: Stride(target_rate=c.boundary.target_rate, capacity=c.model.capacity),
+        build=lambda st, c: Stride(target_rate=st.target_rate, capacity=st.capacity),
         inner_stages=True,
         description='fixed stride: a chunk every round(1 / target_rate) bytes',
     )
@@ -102,7 +102,7 @@ registry.register(
 registry.register(
     registry.BoundaryMethod(
         name='uniform',
-        build=lambda c: Uniform(target_rate=c.boundary.target_rate, capacity=c.model.capacity),
+        build=lambda st, c: Uniform(target_rate=st.target_rate, capacity=st.capacity),
         sampling=True,
         inner_stages=True,
         description='round(target_rate * L) boundaries at uniformly random positions',
