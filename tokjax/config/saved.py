@@ -93,7 +93,7 @@ MIGRATIONS = (
     # Whether a method trains by the score function is its registry entry's `score_function` now.
     Migration('estimator.kind', None, '3911346'),
     # Per-stage settings moved from parallel tuples to one section per stage (tokjax/stages.py).
-    Migration('stages', 'stages', 'stages-as-sections', _stage_sections),
+    Migration('stages', 'stages', '73d1a58', _stage_sections),
 )
 
 
