@@ -465,6 +465,14 @@ def variant_config(name: str, corpus: str, workdir: str, steps: int, eval_every:
   if name not in run_names():
     raise UserError(f'unknown run {name!r}; use some of {",".join(run_names())}.')
   c = config_files.load('synthetic_cpu', name)
+  _set_run(c, corpus, seed, steps, eval_every)
+  c.train.workdir = os.path.join(workdir, name)
+  return c
+
+
+def _set_run(c, corpus: str, seed: int, steps: int, eval_every: int) -> None:
+  """The command's corpus, seed and schedule; a checkpoint at every evaluation, all of them kept
+  (each evaluation's boundaries are read back from its checkpoint)."""
   c.data.corpus = corpus
   c.seed = seed
   c.train.update(
@@ -472,9 +480,7 @@ def variant_config(name: str, corpus: str, workdir: str, steps: int, eval_every:
       eval_every=eval_every,
       checkpoint_every=eval_every,
       keep_checkpoints=steps // eval_every + 2,
-      workdir=os.path.join(workdir, name),
   )
-  return c
 
 
 def evaluate_run(config, docs: list[Document], seed: int) -> list[dict]:
@@ -611,14 +617,7 @@ def phrase_config(
     config_files.set_fields(c, overrides or {})
   except (KeyError, AttributeError, TypeError) as e:
     raise UserError(f'run {name}: cannot set {overrides}: {e}.') from None
-  c.data.corpus = corpus
-  c.seed = seed
-  c.train.update(
-      steps=steps,
-      eval_every=eval_every,
-      checkpoint_every=eval_every,
-      keep_checkpoints=steps // eval_every + 2,
-  )
+  _set_run(c, corpus, seed, steps, eval_every)
   config_validation.validate(c)
   return c
 
