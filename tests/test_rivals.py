@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from tokjax import models
 from tokjax.data import BOS_ID
 from tokjax.errors import UserError
 from tokjax.models import hierarchical, registry
@@ -43,7 +44,7 @@ def _config(method, tokenizer_json=None, tmp=None):
 
 def _boundary(method, tokenizer_json=None, tmp=None):
   """The registry's module for `method` (every rival of tokjax/models/rivals/ and the policy)."""
-  return registry.get(method).build(_config(method, tokenizer_json, tmp))
+  return models.build_boundary(_config(method, tokenizer_json, tmp))
 
 
 RIVALS = [name for name, m in registry.methods().items() if not m.score_function]
@@ -302,8 +303,6 @@ def _policy_model(d_model, heads, window):
 
 
 def _model_of(c):
-  from tokjax import models  # pylint: disable=g-import-not-at-top
-
   return models.build_model(c)
 
 

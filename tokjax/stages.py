@@ -165,17 +165,22 @@ def _get(section, key):
 
 def _check_sections(config, n: int) -> None:
   """config.stages holds sections s1, s2, ... and none above s{n - 1} sets a field."""
-  for name in config.stages.keys():
+  sections = _get(config, 'stages') or {}
+  for name in sections.keys():
     match = _SECTION.fullmatch(name)
     if not match:
       raise UserError(
           f'config.stages.{name} is not a stage section; config.stages holds s1, s2, ... (stage '
           'K over the chunks of stage K - 1), e.g. --config.stages.s1.boundary.target_rate=0.33.'
       )
+    if not _is_section(sections[name]):
+      raise UserError(
+          f'config.stages.{name}={sections[name]!r} must be a section (defaults.stage_section()).'
+      )
     level = int(match.group(1))
     if level < n:
       continue
-    for field, value in _flat(config.stages[name], f'config.stages.{name}'):
+    for field, value in _flat(sections[name], f'config.stages.{name}'):
       if value is not None:
         raise UserError(
             f'{field}={value!r} is set but config.model.stages={n} has no stage {level}; set '
@@ -200,7 +205,7 @@ def _plain(section) -> dict:
 
 
 def _resolve_one(config, level: int) -> Stage:
-  own = None if level == 0 else _get(config.stages, section_name(level))
+  own = None if level == 0 else _get(_get(config, 'stages'), section_name(level))
   prefix = f'config.stages.{section_name(level)}'
   values: dict[str, Any] = {}
   sources: dict[str, str] = {}
