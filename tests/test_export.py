@@ -142,7 +142,25 @@ def test_strict_names_refuse_unmapped_and_unfilled_parameters(exported):
   state = mapping.to_torch_state(params, shapes)
   for path, x in mapping.flatten(params).items():  # The layout change inverts exactly.
     back = mapping.from_torch(path, state[mapping.torch_name(path)], x.shape)
+    assert back.shape == x.shape, path
     np.testing.assert_array_equal(back, x)
+
+
+def test_from_pretrained_refuses_missing_or_unexpected_weights(exported, tmp_path):
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  from transformers import AutoModelForCausalLM  # pylint: disable=g-import-not-at-top
+
+  out, _ = exported
+  tensors = load_file(os.path.join(out, 'model.safetensors'))
+  for name, changed in (
+      ('missing', {k: v for k, v in tensors.items() if k != 'head.proj.weight'}),
+      ('unexpected', dict(tensors, stray=np.zeros(2, np.float32))),
+  ):
+    folder = str(tmp_path / name)
+    shutil.copytree(out, folder)
+    save_file(changed, os.path.join(folder, 'model.safetensors'), metadata={'format': 'pt'})
+    with pytest.raises(ValueError, match=f'does not fit the tokjax model.*{name}_keys'):
+      AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
 
 
 def test_gate_refuses_a_model_whose_logits_differ(exported):
@@ -191,6 +209,92 @@ def test_bad_input_is_one_line_and_writes_nothing(tiny_run, tmp_path):
   with pytest.raises(UserError, match="config.boundary.method='uniform' cannot be exported"):
     exporter.export(run, fresh)
   assert not os.path.exists(fresh) and not [f for f in os.listdir(tmp_path) if 'partial' in f]
+
+
+# ------------------------------------------------------------------------------ the way back
+
+
+def test_import_gives_the_run_back_evaluates_equal_and_resumes(exported, tiny_run, tmp_path):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  import optax  # pylint: disable=g-import-not-at-top
+
+  from tokjax import evaluate, train  # pylint: disable=g-import-not-at-top
+  from tokjax.export import importer  # pylint: disable=g-import-not-at-top
+
+  out, ckpt = exported
+  run = str(tmp_path / 'run')
+  importer.import_export(out, run)
+  back = checkpointing.load_checkpoint(run)
+  assert back.step == ckpt.step and back.config.model.to_dict() == ckpt.config.model.to_dict()
+  jax.tree.map(np.testing.assert_array_equal, back.params, ckpt.params)
+  # The same bpb as the exported run, as `python -m tokjax.evaluate` reports it.
+  scores = [
+      evaluate.run_evaluation(r, split='val', out=str(tmp_path / f'eval{i}'), bpe=False)['modes']
+      for i, r in enumerate((tiny_run, run))
+  ]
+  for mode, m in scores[0].items():
+    assert scores[1][mode]['bpb'] == m['bpb'], mode
+  # The optimizer starts fresh (zero moments, Adam's count 0), the schedule at the exported step.
+  mgr = checkpointing.manager(run, create=False)
+  state, _ = checkpointing.restore(mgr, back.trainer.abstract_state)
+  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  states = jax.tree.leaves(state.opt_state, is_leaf=is_schedule)
+  assert [int(s.count) for s in states if is_schedule(s)] == [ckpt.step]
+  adam = [s for s in jax.tree.leaves(state.opt_state, is_leaf=lambda x: hasattr(x, 'mu'))]
+  adam = [s for s in adam if hasattr(s, 'mu')]
+  assert adam and all(int(s.count) == 0 for s in adam)
+  assert all(not np.any(np.asarray(x)) for s in adam for x in jax.tree.leaves(s.mu))
+  # Resuming with the config file the import wrote trains on from the exported step.
+  spec_ = importlib.util.spec_from_file_location('imported_config', os.path.join(run, 'config.py'))
+  module = importlib.util.module_from_spec(spec_)
+  spec_.loader.exec_module(module)
+  config = module.get_config()
+  assert config.train.workdir == os.path.abspath(run)
+  config.train.steps = ckpt.step + 2
+  config.train.eval_every = config.train.checkpoint_every = config.train.log_every = 2
+  val = train.train(config, resume=True, extend_schedule=True)
+  assert np.isfinite(val['bpb'])
+  assert sorted(checkpointing.inspection_manager(run).all_steps())[-1] == ckpt.step + 2
+  rows = [json.loads(line) for line in open(os.path.join(run, 'metrics.jsonl'))]
+  assert [r['step'] for r in rows if r.get('split') == 'train'] == [ckpt.step + 2]
+
+
+def test_import_refuses_what_is_not_an_export_and_writes_nothing(exported, tiny_run, tmp_path):
+  from tokjax.export import importer  # pylint: disable=g-import-not-at-top
+
+  out, _ = exported
+  run = str(tmp_path / 'run')
+  code, err = _bad(tmp_path, f'--import={tiny_run}', f'--out={run}')  # A run, not an export.
+  assert code == 2 and err.startswith('error: ') and len(err.splitlines()) == 1, err
+  assert 'is not a tokjax export (it has no config.json)' in err and not os.path.exists(run)
+  folder = str(tmp_path / 'edited')
+  shutil.copytree(out, folder)
+  config = json.load(open(os.path.join(folder, 'config.json')))
+  json.dump(dict(config, model_type='llama'), open(os.path.join(folder, 'config.json'), 'w'))
+  with pytest.raises(UserError, match="has no model_type 'tokjax'"):
+    importer.import_export(folder, run)
+  json.dump(dict(config, d_model=64), open(os.path.join(folder, 'config.json'), 'w'))
+  with pytest.raises(UserError, match=r"model fields \['d_model'\] are not those"):
+    importer.import_export(folder, run)
+  # A weight the tokjax model has no parameter for: an error, never dropped.
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+
+  json.dump(config, open(os.path.join(folder, 'config.json'), 'w'))
+  weights = os.path.join(folder, 'model.safetensors')
+  tensors = load_file(weights)
+  save_file(dict(tensors, stray=np.zeros(2, np.float32)), weights, metadata={'format': 'pt'})
+  with pytest.raises(UserError, match='1 in the export unused by the tokjax model \\(stray\\)'):
+    importer.import_export(folder, run)
+  del tensors['head.proj.weight']
+  save_file(tensors, weights, metadata={'format': 'pt'})
+  with pytest.raises(UserError, match='missing from the export \\(head.proj.weight\\)'):
+    importer.import_export(folder, run)
+  os.makedirs(run)
+  open(os.path.join(run, 'x'), 'w').close()
+  with pytest.raises(UserError, match='exists and is not empty'):
+    importer.import_export(out, run)
+  assert os.listdir(run) == ['x'] and not [f for f in os.listdir(tmp_path) if 'partial' in f]
 
 
 # ------------------------------------------------------------- every method, two stages, flat
@@ -249,12 +353,12 @@ def test_gate_for_the_flat_model(tmp_path):
 
 # ------------------------------------------------------------------------------ lm-eval's hf model
 
-LM_EVAL_TASKS = ['tokjax_mc', 'tokjax_lastword']  # Loglikelihood requests.
+LOGLIKELIHOOD_TASKS = ['tokjax_mc', 'tokjax_lastword']
 
 
-def _loglikelihoods(model, tasks):
-  """{(task, doc id): [log-likelihood of each request]} of lm_eval.simple_evaluate on the offline
-  tasks."""
+def _responses(model, tasks, batch_size=4):
+  """{(task, doc id): [each request's log-likelihood or generated text]} of
+  lm_eval.simple_evaluate on the offline tasks."""
   import lm_eval  # pylint: disable=g-import-not-at-top
 
   os.environ.setdefault('DISABLE_MULTIPROC', '1')
@@ -265,27 +369,114 @@ def _loglikelihoods(model, tasks):
           include_path=os.path.join(REPO, 'tests', 'lm_eval_tasks')
       ),
       log_samples=True,
-      batch_size=4,
+      batch_size=batch_size,
       bootstrap_iters=0,
       device='cpu',
   )
+  first = lambda r: r[0][0] if isinstance(r[0], (list, tuple)) else r[0]
   return {
-      (task, s['doc_id']): [float(r[0][0]) for r in s['resps']]
+      (task, s['doc_id']): [first(r) for r in s['resps']]
       for task, samples in res['samples'].items()
       for s in samples
   }
 
 
 def test_lm_eval_hf_model_on_the_export_equals_tokjax_lm_eval(exported, tiny_run):
+  from lm_eval.models.huggingface import HFLM  # pylint: disable=g-import-not-at-top
+
   from tokjax.lm_eval import model as lm_model  # pylint: disable=g-import-not-at-top
 
   out, _ = exported
-  from lm_eval.models.huggingface import HFLM  # pylint: disable=g-import-not-at-top
-
-  ours = _loglikelihoods(lm_model.TokjaxLM(checkpoint=tiny_run, batch_size=4), LM_EVAL_TASKS)
+  # Rolling windows with no overlap are those of the `hf` model (one byte of context each).
+  tasks = LOGLIKELIHOOD_TASKS + ['tokjax_rolling', 'tokjax_generate']
+  ours = _responses(lm_model.TokjaxLM(checkpoint=tiny_run, batch_size=4, overlap=0), tasks)
   # lm-eval's `hf` model (`--model hf --model_args pretrained=DIR,trust_remote_code=True`).
-  hf_lm = HFLM(pretrained=out, trust_remote_code=True, dtype='float32', batch_size=4, device='cpu')
-  hf = _loglikelihoods(hf_lm, LM_EVAL_TASKS)
-  assert set(hf) == set(ours) and len(ours) > 4
+  hf_lm = lambda **kw: HFLM(
+      pretrained=out, trust_remote_code=True, dtype='float32', device='cpu', **kw
+  )
+  hf = _responses(hf_lm(batch_size=4), LOGLIKELIHOOD_TASKS)
+  # A rolling text without BOS from the tokenizer: the `hf` model puts its own before it.
+  hf.update(_responses(hf_lm(batch_size=4, add_bos_token=False), ['tokjax_rolling']))
+  # One row at a time: the `hf` model pads a batch of prompts on the left.
+  hf.update(_responses(hf_lm(batch_size=1), ['tokjax_generate'], batch_size=1))
+  assert set(hf) == set(ours) and len(ours) > 8
   for key, values in ours.items():
-    np.testing.assert_allclose(hf[key], values, atol=1e-4, rtol=0, err_msg=str(key))
+    if key[0] == 'tokjax_generate':
+      assert hf[key] == values, key
+    else:
+      np.testing.assert_allclose(hf[key], values, atol=1e-4, rtol=0, err_msg=str(key))
+  generated = [v[0] for k, v in ours.items() if k[0] == 'tokjax_generate']
+  assert len(generated) == 4 and any(generated), generated
+
+
+# ------------------------------------------------------------------------- generation with a cache
+
+
+def _generations(model, params, model_pt, num_bytes):
+  """(tokjax's greedy generation {'tokens', 'actions'}, PyTorch's cached tokens, its uncached
+  tokens, its boundaries over the generated text) after two prompts."""
+  from tokjax import decoding  # pylint: disable=g-import-not-at-top
+
+  prompt = np.asarray(
+      [[BOS_ID, *b'def main(x):\n  return'], [BOS_ID, *b'The cat sat on a mat.']], np.int32
+  )
+  gen = decoding.generate if model.num_stages == 1 else decoding.generate_stages
+  ref = gen(
+      model, params, jax.numpy.asarray(prompt), jax.random.PRNGKey(0), num_bytes, 'greedy', 0.0
+  )
+  ids = torch.from_numpy(prompt.astype(np.int64))
+  kw = dict(max_new_tokens=num_bytes, min_new_tokens=num_bytes, do_sample=False)
+  kw.update(suppress_tokens=[256, BOS_ID])  # Bytes only, as tokjax samples (the export's default).
+  with torch.no_grad():
+    cached = model_pt.generate(ids, use_cache=True, **kw)
+    uncached = model_pt.generate(ids, use_cache=False, **kw)
+    # The cached forward's logits over the whole text are the uncached forward's.
+    whole = model_pt(cached, generation=True)
+    np.testing.assert_allclose(
+        model_pt(cached, use_cache=True).logits.numpy(), whole.logits.numpy(), atol=1e-4, rtol=0
+    )
+  return {k: np.asarray(v) for k, v in ref.items()}, cached.numpy(), uncached.numpy(), whole
+
+
+def _lively(params):
+  """params whose policies close chunks about half the time (at init they close almost none), so
+  that generation runs through every decision path."""
+  out = dict(params)
+  for k, v in params.items():
+    if k == 'boundary' or k.startswith('inner_boundaries'):
+      out[k] = {**v, 'bias': v['bias'] * 0, 'proj': {'kernel': v['proj']['kernel'] * 100}}
+  return out
+
+
+@pytest.mark.parametrize('stages', [1, 2])
+def test_generate_cached_equals_uncached_and_tokjax(stages, tmp_path):
+  if stages == 1:
+    c = conftest.tiny_config(str(tmp_path))
+  else:  # The inner stage's policy sequential: its decisions read the ones before them.
+    c = conftest.tiny_two_stage_config(str(tmp_path))
+    c.stages.s1.boundary.policy.window = 3
+  model, params = _initialised(c)
+  params = _lively(params)
+  fields = spec.hf_config(c)
+  model_pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
+  assert model_pt.supports_cache
+  ref, cached, uncached, whole = _generations(model, params, model_pt, 40)
+  np.testing.assert_array_equal(cached, uncached)
+  np.testing.assert_array_equal(cached, ref['tokens'])
+  # Boundaries decided on the fly are those of one forward over the final text, and vary.
+  on_bytes = whole.byte_boundaries.numpy()
+  tokjax_actions = ref['actions'] if stages == 1 else ref['actions'][:, :, : cached.shape[1]]
+  np.testing.assert_array_equal(on_bytes[:, 0] if stages == 1 else on_bytes, tokjax_actions)
+  for level in range(stages):
+    assert 0 < on_bytes[:, level, 1:].mean() < 1, (level, on_bytes[:, level].mean())
+
+
+def test_generation_benchmark_runs(tmp_path):
+  """`python -m tokjax.lab.benchmarks.generation` at a tiny size: its two-stage config builds, and
+  every path it times generates."""
+  from tokjax.lab.benchmarks import generation  # pylint: disable=g-import-not-at-top
+
+  c = generation.two_stage(conftest.tiny_config(str(tmp_path)))
+  found = generation.measure(c, num_bytes=2, batch=1, prompt_bytes=3, repeats=1)
+  assert set(found) == {'tokjax', 'pytorch', 'pytorch_uncached'}
+  assert all(v > 0 for v in found.values()), found

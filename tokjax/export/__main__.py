@@ -1,10 +1,14 @@
-r"""Export a tokjax run to a transformers folder (see `tokjax.export`).
+r"""Export a tokjax run to a transformers folder, or import one back (see `tokjax.export`).
 
   python -m tokjax.export --checkpoint RUN --out DIR [--step N]
+  python -m tokjax.export --import DIR --out RUN
 
-Bad input (a folder that is not a run, a missing step, a non-empty --out, a boundary method that
-cannot be exported, a failed parity check) is one `error: ...` line, and nothing is written.
+Bad input (a folder that is not a run or not an export, a missing step, a non-empty --out, a
+boundary method that cannot be exported, a failed parity check) is one `error: ...` line, and
+nothing is written.
 """
+
+import os
 
 from absl import flags
 
@@ -15,16 +19,38 @@ from tokjax.errors import UserError
 def define_flags():
   flags.DEFINE_string('checkpoint', None, 'Run folder of a training run (its workdir) to export.')
   flags.DEFINE_integer('step', None, 'Checkpoint step to export (default: the latest).')
+  flags.DEFINE_string(
+      'import', None, 'An export folder to turn back into a tokjax run (written to --out).'
+  )
   flags.DEFINE_string('out', None, 'The new folder to write (absent or empty).')
 
 
 def main(argv):
   del argv
   f = flags.FLAGS
-  if not f.checkpoint:
-    raise UserError('--checkpoint is required: pass the run folder of a training run.')
+  source = f['import'].value
+  if source and (f.checkpoint or f.step is not None):
+    raise UserError(
+        '--import reads an export folder and --checkpoint/--step a run: pass one or the other.'
+    )
+  if not f.checkpoint and not source:
+    raise UserError(
+        '--checkpoint is required: pass the run folder of a training run (or --import DIR to '
+        'turn an export folder back into a run).'
+    )
   if not f.out:
     raise UserError('--out is required: the new folder to write.')
+  if source:
+    from tokjax.export import importer  # pylint: disable=g-import-not-at-top
+
+    done = importer.import_export(source, f.out)
+    print(
+        f'wrote {f.out}: the run at step {done["step"]} (fresh optimizer state); evaluate it with '
+        f'`python -m tokjax.evaluate --checkpoint {f.out}`, train on with `python -m tokjax.train '
+        f'--config {os.path.join(f.out, "config.py")} --resume --config.train.steps=N '
+        '--extend_schedule`'
+    )
+    return
   from tokjax.export import exporter  # pylint: disable=g-import-not-at-top
 
   found = exporter.export(f.checkpoint, f.out, f.step)

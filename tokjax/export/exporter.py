@@ -223,9 +223,10 @@ def _generation_config(folder: str) -> None:
 
   from tokjax.vocab import BOS_ID, PAD_ID  # pylint: disable=g-import-not-at-top
 
-  GenerationConfig(bos_token_id=BOS_ID, pad_token_id=PAD_ID, do_sample=False).save_pretrained(
-      folder
-  )
+  # Bytes only, never PAD or BOS, as tokjax's generation draws them.
+  GenerationConfig(
+      bos_token_id=BOS_ID, pad_token_id=PAD_ID, do_sample=False, suppress_tokens=[PAD_ID, BOS_ID]
+  ).save_pretrained(folder)
 
 
 def model_card(fields: dict, ckpt) -> str:

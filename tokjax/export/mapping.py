@@ -84,7 +84,7 @@ def from_torch(path: tuple[str, ...], x: np.ndarray, shape: tuple[int, ...]) -> 
   """The inverse of `to_torch` onto the tokjax leaf's shape."""
   if path[-1] == 'kernel':
     x = x.T
-  return np.ascontiguousarray(x.reshape(shape))
+  return np.array(x.reshape(shape), order='C')  # ascontiguousarray would make a scalar 1-d.
 
 
 def to_torch_state(params, expected: dict[str, tuple]) -> dict[str, np.ndarray]:

@@ -78,6 +78,30 @@ def attention_mask(q_pos, k_pos, key_valid=None, window: int = 0):
   return mask
 
 
+class LayerCache:
+  """One attention layer's keys, values, positions and validity of earlier positions (decoding).
+
+  window > 0 keeps the last `window` entries only: a byte layer's cache, which holds every position,
+  so the keys its sliding window can reach are exactly the last `window`.
+  """
+
+  def __init__(self, window: int = 0):
+    self.window = window
+    self.k = self.v = self.pos = self.valid = None
+
+  def extend(self, k, v, positions, key_valid=None):
+    """Appends [B, L, H, K] keys and values at positions int[B, L]; returns all of them (k, v,
+    positions, valid)."""
+    valid = torch.ones_like(positions, dtype=torch.bool) if key_valid is None else key_valid
+    if self.k is not None:
+      k, v = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1)
+      positions, valid = torch.cat([self.pos, positions], 1), torch.cat([self.valid, valid], 1)
+    if self.window > 0:
+      k, v, positions, valid = (x[:, -self.window :] for x in (k, v, positions, valid))
+    self.k, self.v, self.pos, self.valid = k, v, positions, valid
+    return k, v, positions, valid
+
+
 class Attention(nn.Module):
   """Multi-head causal self-attention with RoPE over explicit positions."""
 
@@ -241,7 +265,14 @@ class Policy(nn.Module):
       x = x + v[..., w - 1 - k] * shifted
     return self._form(x)
 
-  def _sequential(self, v, uniforms):
+  def step_logit(self, h, history):
+    """The logit at one position from its state h: [B, D] and the executed decisions of the w - 1
+    positions before it, history: float32[B, w - 1] (the latest last)."""
+    v = self.proj(h.float())
+    w = self.window
+    return self._form(v[:, w - 1] + (v[:, : w - 1] * history).sum(-1))
+
+  def _sequential(self, v, uniforms, capacity):
     """Draws one position at a time, each given the previous w - 1 executed decisions."""
     b, l, w = v.shape
     history = torch.zeros(b, w - 1, device=v.device)
@@ -252,15 +283,18 @@ class Policy(nn.Module):
       p = torch.sigmoid(self._form(v_t[:, w - 1] + (v_t[:, : w - 1].flip(-1) * history).sum(-1)))
       sample = (uniforms[:, t] < p).float()
       forced = t == 0 or t == l - 1
-      executed = torch.ones_like(sample) if forced else sample * (count < self.capacity - 2)
+      executed = torch.ones_like(sample) if forced else sample * (count < capacity - 2)
       if not forced:
         count = count + executed
       history = torch.cat([executed[:, None], history[:, :-1]], dim=1)
       samples.append(sample)
     return torch.stack(samples, dim=1)
 
-  def forward(self, h, mode, actions=None, tokens=None, early_logits=None, generator=None):
+  def forward(
+      self, h, mode, actions=None, tokens=None, early_logits=None, generator=None, capacity=None
+  ):
     del tokens, early_logits
+    capacity = capacity or self.capacity
     v = self.proj(h.float())
     if mode == 'given':
       sampled = actions
@@ -273,8 +307,9 @@ class Policy(nn.Module):
     else:
       shape = h.shape[:2]
       u = torch.full(shape, 0.5, device=h.device) if mode == 'greedy' else None
-      sampled = self._sequential(v, _uniform(shape, generator, h.device) if u is None else u)
-    executed = enforce_convention(sampled, self.capacity)
+      uniforms = _uniform(shape, generator, h.device) if u is None else u
+      sampled = self._sequential(v, uniforms, capacity)
+    executed = enforce_convention(sampled, capacity)
     return Boundaries(executed, self._logits(v, executed))
 
 
@@ -287,7 +322,9 @@ class HNetRouter(nn.Module):
     self.q = nn.Linear(d, d, bias=False)
     self.k = nn.Linear(d, d, bias=False)
 
-  def forward(self, h, mode, actions=None, tokens=None, early_logits=None, generator=None):
+  def forward(
+      self, h, mode, actions=None, tokens=None, early_logits=None, generator=None, capacity=None
+  ):
     h = h.float()
     q, k = self.q(h), self.k(h)
     k_prev = F.pad(k, (0, 0, 1, 0))[:, :-1]
@@ -295,7 +332,7 @@ class HNetRouter(nn.Module):
     p = torch.clamp((1.0 - cos) / 2.0, 0.0, 1.0)
     p = torch.cat([torch.ones_like(p[:, :1]), p[:, 1:]], dim=1)
     sampled = actions if mode == 'given' else (p >= 0.5).float()
-    executed = enforce_convention(sampled, self.capacity)
+    executed = enforce_convention(sampled, capacity or self.capacity)
     logits = torch.log(p.clamp(1e-6, 1.0)) - torch.log((1.0 - p).clamp(1e-6, 1.0))
     return Boundaries(executed, logits, gate=ste_gate(executed, p), ema=p)
 
@@ -309,7 +346,9 @@ class GumbelPooling(nn.Module):
     self.mlp_in = nn.Linear(d, d)
     self.mlp_out = nn.Linear(d, 1)
 
-  def forward(self, h, mode, actions=None, tokens=None, early_logits=None, generator=None):
+  def forward(
+      self, h, mode, actions=None, tokens=None, early_logits=None, generator=None, capacity=None
+  ):
     logits = self.mlp_out(gelu(self.mlp_in(h.float())))[..., 0]
     if mode == 'sample':
       u = _uniform(logits.shape, generator, h.device).clamp(1e-6, 1.0 - 1e-6)
@@ -317,7 +356,7 @@ class GumbelPooling(nn.Module):
     else:
       soft = torch.sigmoid(logits / self.temperature)
     sampled = actions if mode == 'given' else (soft > 0.5).float()
-    executed = enforce_convention(sampled, self.capacity)
+    executed = enforce_convention(sampled, capacity or self.capacity)
     return Boundaries(executed, logits, gate=ste_gate(executed, soft))
 
 
@@ -332,12 +371,14 @@ class EntropySpikes(nn.Module):
     self.capacity = capacity
     self.threshold = nn.Parameter(torch.zeros(()))
 
-  def forward(self, h, mode, actions=None, tokens=None, early_logits=None, generator=None):
+  def forward(
+      self, h, mode, actions=None, tokens=None, early_logits=None, generator=None, capacity=None
+  ):
     logp = torch.log_softmax(early_logits.float(), dim=-1)
     ent = -(logp.exp() * logp).sum(-1)
     theta = self.THRESHOLD_SCALE * self.threshold
     sampled = actions if mode == 'given' else (ent > theta).float()
-    return Boundaries(enforce_convention(sampled, self.capacity), ent - theta)
+    return Boundaries(enforce_convention(sampled, capacity or self.capacity), ent - theta)
 
 
 def _spacelike(t):
@@ -353,11 +394,13 @@ class Whitespace(nn.Module):
     super().__init__()
     self.capacity = capacity
 
-  def forward(self, h, mode, actions=None, tokens=None, early_logits=None, generator=None):
+  def forward(
+      self, h, mode, actions=None, tokens=None, early_logits=None, generator=None, capacity=None
+  ):
     s = _spacelike(tokens)
     prev = F.pad(s, (1, 0))[:, :-1]
     sampled = actions if mode == 'given' else (s & ~prev).float()
-    executed = enforce_convention(sampled, self.capacity)
+    executed = enforce_convention(sampled, capacity or self.capacity)
     return Boundaries(executed, torch.zeros_like(executed))
 
 
@@ -368,10 +411,12 @@ class Stride(nn.Module):
     super().__init__()
     self.capacity, self.every = capacity, max(1, round(1.0 / target_rate))
 
-  def forward(self, h, mode, actions=None, tokens=None, early_logits=None, generator=None):
+  def forward(
+      self, h, mode, actions=None, tokens=None, early_logits=None, generator=None, capacity=None
+  ):
     rule = ((torch.arange(h.shape[1], device=h.device) + 1) % self.every == 0).float()
     sampled = actions if mode == 'given' else rule.expand(h.shape[:2])
-    executed = enforce_convention(sampled, self.capacity)
+    executed = enforce_convention(sampled, capacity or self.capacity)
     return Boundaries(executed, torch.zeros_like(executed))
 
 
@@ -437,12 +482,14 @@ class TokjaxCausalLMOutput(CausalLMOutput):
   byte_boundaries: float32[B, S, L], every stage's chunk ends marked on bytes.
   early_logits: float32[B, L, V], stage 0's early-exit logits.
   values: float32[B, L], the critic's predicted returns (a model with a value head).
+  cache: the `TokjaxCache` after a cached forward (use_cache=True), to pass back with the next bytes.
   """
 
   boundaries: Optional[tuple] = None
   byte_boundaries: Optional[torch.Tensor] = None
   early_logits: Optional[torch.Tensor] = None
   values: Optional[torch.Tensor] = None
+  cache: Optional[object] = None
 
 
 class Critic(nn.Module):
@@ -536,6 +583,9 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
       generator=None,
       labels=None,
       return_dict=None,
+      generation: bool = False,
+      cache=None,
+      use_cache: bool = False,
       **unused,
   ):
     """input_ids: int[B, L] -> TokjaxCausalLMOutput (logits float32[B, L, V]).
@@ -545,8 +595,19 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     a torch.Generator) or take the greedy ones (the default). attention_mask: only right padding
     is supported (the model is causal: padding after a row leaves its logits unchanged).
     labels: int[B, L] of the same bytes; the loss is the mean next-byte cross-entropy (-100 ignored).
+
+    generation=True reads rows as tokjax's generation does (`generate` passes it): open-ended at any
+    length, greedy boundaries, and no chunk capacity (every chunk is kept). With use_cache=True (or a
+    `cache` from an earlier call) a model whose every stage has the learned policy runs the new
+    bytes one at a time through key/value caches (`TokjaxCache`, in out.cache) and returns the same
+    logits; other models ignore it.
     """
     del return_dict, unused
+    if (use_cache or cache is not None) and self.supports_cache:
+      if boundaries is not None or do_sample or labels is not None:
+        raise ValueError('the cached forward takes greedy boundaries only, and no labels.')
+      cache = TokjaxCache(self) if cache is None else cache
+      return TokjaxCausalLMOutput(logits=self._cached(input_ids.long(), cache), cache=cache)
     if attention_mask is not None and not bool(attention_mask.bool().all()):
       am = attention_mask.bool()
       if bool((am[:, 1:] & ~am[:, :-1]).any()):
@@ -558,12 +619,12 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     else:
       mode = 'sample' if do_sample else 'greedy'
       l = tokens.shape[1]
-      if boundaries is None and l < self.config.max_position_embeddings:
+      if boundaries is None and (generation or l < self.config.max_position_embeddings):
         # A row shorter than training's is open-ended (a prompt, a scored text): one spare PAD
         # position takes the convention's forced last boundary, which would otherwise override
         # the decision at the row's last byte (as tokjax's generation and lm-eval rows do).
         spare = F.pad(tokens, (0, 1), value=PAD_ID)
-        out = self._hierarchical(spare, None, mode, generator)
+        out = self._hierarchical(spare, None, mode, generator, l + 1 if generation else None)
         out.logits, out.early_logits = out.logits[:, :l], out.early_logits[:, :l]
         out.byte_boundaries = out.byte_boundaries[..., :l]
         out.boundaries = (out.boundaries[0][:, :l],) + out.boundaries[1:]
@@ -579,12 +640,13 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
       )
     return out
 
-  def _hierarchical(self, tokens, given, mode, generator):
+  def _hierarchical(self, tokens, given, mode, generator, capacity=None):
+    """capacity: every stage's chunk buffer instead of the configured ones (generation)."""
     s_count = self.num_stages
     given = tuple(given) if isinstance(given, (tuple, list)) else (given,) + (None,) * (s_count - 1)
     given = given + (None,) * (s_count - len(given))
     methods = [self.boundary, *self.inner_boundaries]
-    capacities = [st['capacity'] for st in self.config.stages]
+    capacities = [capacity or st['capacity'] for st in self.config.stages]
     b, l = tokens.shape
     positions = torch.arange(l, device=tokens.device).expand(b, l)
     h = self.encoder(self.embed(tokens), positions)
@@ -599,6 +661,7 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
           tokens=stage_tokens,
           early_logits=early_logits if s == 0 else None,
           generator=generator,
+          capacity=capacities[s],
       )
       if s > 0:
         bnd = restrict_to_valid(bnd, valid)
@@ -642,10 +705,104 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
       out.append(marks[:, :l])
     return out
 
+  @property
+  def supports_cache(self) -> bool:
+    """Whether decoding can be cached: every stage decides with the learned policy, whose decision
+    at a position reads that position's state and the decisions before it (tokjax caches one
+    stage of it); other methods rerun the forward for each new byte."""
+    return self.num_stages > 0 and all(st['method'] == 'policy' for st in self.config.stages)
+
+  def _cached(self, tokens, cache):
+    """Next-byte logits float32[B, L, V] of tokens int[B, L] that follow the cache's positions, fed
+    one position at a time (each stage's decision at a position needs the decisions before it)."""
+    b = tokens.shape[0]
+    live = torch.ones(b, dtype=torch.bool, device=tokens.device)
+    logits = []
+    for i in range(tokens.shape[1]):
+      pos = torch.full((b, 1), cache.length, dtype=torch.long, device=tokens.device)
+      h = self.encoder(self.embed(tokens[:, i : i + 1]), pos, None, cache.encoder)
+      y = self._cached_stage(0, h, pos, live, cache)
+      logits.append(self.head(self.decoder(y, pos, None, cache.decoder)))
+      cache.length += 1
+    return torch.cat(logits, dim=1)
+
+  def _cached_stage(self, s, x, pos, live, cache):
+    """Stage s at one position whose input x: [B, 1, D] exists in rows `live` (bool[B]: stage s - 1
+    closed a chunk there) -> the state the level below reads there: x plus the output of the latest
+    chunk complete at it, through stage s's chunk decoder for s >= 1.
+
+    The decision is the forward's: forced at a stage's first position, greedy after it, no chunk
+    capacity; the forward's forced last boundary falls on its spare position, never here.
+    """
+    method = self.boundary if s == 0 else self.inner_boundaries[s - 1]
+    st = cache.stage(s, x)
+    logit = method.step_logit(x[:, 0], st['history'])
+    a = torch.where(st['seen'] == 0, 1.0, (logit > 0).float()) * live
+    if st['history'].shape[1]:
+      shifted = torch.cat([st['history'][:, 1:], a[:, None]], dim=1)
+      st['history'] = torch.where(live[:, None], shifted, st['history'])
+    st['seen'] = st['seen'] + live.long()
+    close = a > 0.5
+    if s + 1 < self.num_stages:
+      inner = self.inner_encoders[s](x, pos, close[:, None], cache.inner_encoders[s])
+      out = self._cached_stage(s + 1, inner, pos, close, cache)
+    else:
+      out = self.main(x, pos, close[:, None], cache.main)
+    st['last'] = torch.where(close[:, None, None], out, st['last'])
+    y = x + st['last']
+    if s:
+      y = self.inner_decoders[s - 1](y, pos, live[:, None], cache.inner_decoders[s - 1])
+    return y
+
   @classmethod
   def _supports_default_dynamic_cache(cls) -> bool:
-    return False  # Not a per-layer key/value model: generation reruns the causal forward.
+    return False  # Not transformers' per-layer cache: the model makes its own (`TokjaxCache`).
 
-  def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
-    del kwargs
-    return {'input_ids': input_ids, 'attention_mask': attention_mask}
+  def prepare_inputs_for_generation(
+      self, input_ids, next_sequence_length=None, cache=None, attention_mask=None, **kwargs
+  ):
+    """The whole row for the uncached forward; the new bytes only once there is a cache."""
+    use_cache = bool(kwargs.get('use_cache', True)) and self.supports_cache
+    if cache is not None:
+      input_ids = input_ids[:, cache.length :]
+    return {
+        'input_ids': input_ids,
+        'attention_mask': None if cache is not None else attention_mask,
+        'generation': True,
+        'cache': cache,
+        'use_cache': use_cache,
+    }
+
+
+class TokjaxCache:
+  """What the cached forward keeps of the positions it has read (`TokjaxForCausalLM._cached`): the
+  keys and values of every attention layer (byte layers their last byte_window positions, chunk
+  layers every chunk), and for each stage its last w - 1 decisions, how many positions it has read
+  and the output of its latest complete chunk."""
+
+  def __init__(self, model):
+    c = model.config
+    layers = lambda stack, window=0: [LayerCache(window) for _ in stack.blocks]
+    self.length = 0
+    self.encoder = layers(model.encoder, c.byte_window)
+    self.decoder = layers(model.decoder, c.byte_window)
+    self.main = layers(model.main)
+    self.inner_encoders = [layers(stack) for stack in model.inner_encoders]
+    self.inner_decoders = [layers(stack) for stack in model.inner_decoders]
+    self.windows = [model.boundary.window] + [m.window for m in model.inner_boundaries]
+    self.stages = [None] * len(self.windows)
+
+  def stage(self, s: int, x) -> dict:
+    """Stage s's state, started on the first call (x: [B, 1, D] gives the shapes)."""
+    if self.stages[s] is None:
+      b = x.shape[0]
+      self.stages[s] = {
+          'history': torch.zeros(b, self.windows[s] - 1, device=x.device),
+          'seen': torch.zeros(b, dtype=torch.long, device=x.device),
+          'last': torch.zeros_like(x),
+      }
+    return self.stages[s]
+
+  def get_seq_length(self, layer_idx: int = 0) -> int:
+    del layer_idx
+    return self.length
