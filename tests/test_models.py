@@ -1,5 +1,6 @@
 """Blocks, the flat model, boundaries, chunking and the whole hierarchical model (causality first)."""
 
+import chex
 from conftest import jit_call
 import flax.linen as nn
 import jax
@@ -39,17 +40,20 @@ def test_rope_depends_on_relative_position_only():
   assert not np.allclose(dots(pos), dots(pos * 2), atol=1e-3)
 
 
-@pytest.mark.parametrize('window', [0, 8])
-def test_flat_model_is_causal(window):
-  model = flat.FlatByteLM(258, 32, 2, 2, 64, window=window)
+def _assert_flat_causal(model, apply):
   tokens = _tokens(jax.random.PRNGKey(2))
   params = nn.unbox(jit_call(model.init, jax.random.PRNGKey(0), tokens))
   t = 20
-  apply = jax.jit(model.apply)
   a = apply(params, tokens).logits
   b = apply(params, _perturb_after(tokens, t)).logits
   np.testing.assert_array_equal(a[:, : t + 1], b[:, : t + 1])
   assert np.abs(a[:, t + 1 :] - b[:, t + 1 :]).max() > 1e-3
+
+
+@pytest.mark.parametrize('window', [0, 8])
+def test_flat_model_is_causal(window):
+  model = flat.FlatByteLM(258, 32, 2, 2, 64, window=window)
+  _assert_flat_causal(model, jax.jit(model.apply))
 
 
 def _hier(window=1, capacity=24, rate=0.2, scale=1 / 16, byte_window=8):
@@ -68,10 +72,13 @@ def test_hierarchical_model_is_causal_including_boundary_decisions(window, capac
   Also with a small capacity, so that overflow (which depends on earlier decisions) is exercised.
   """
   model = _hier(window, capacity, rate, scale=1.0)
+  _assert_hierarchical_causal(model, jax.jit(model.apply), capacity)
+
+
+def _assert_hierarchical_causal(model, apply, capacity):
   key = jax.random.PRNGKey(3)
   tokens = _tokens(jax.random.PRNGKey(4), b=3, l=64)
   params = nn.unbox(jit_call(model.init, key, tokens, key))
-  apply = jax.jit(model.apply)
   base = apply(params, tokens, key)
   for t in (0, 9, 30, 62):
     out = apply(params, _perturb_after(tokens, t), key)
@@ -88,6 +95,38 @@ def test_hierarchical_model_is_causal_including_boundary_decisions(window, capac
     assert np.abs(base.logits[:, t + 1 :] - out.logits[:, t + 1 :]).max() > 1e-3
   if capacity == 6:
     assert base.boundaries.dropped.sum() > 0  # The overflow path really ran.
+
+
+class CausalityWithAndWithoutJitTest(chex.TestCase):
+  """The causality checks above, also run eagerly (chex variants): a jit-only bug, or one that jit
+  hides (a Python branch on a traced value), fails one variant."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_flat_model_is_causal(self):
+    model = flat.FlatByteLM(258, 32, 2, 2, 64, window=8)
+    _assert_flat_causal(model, self.variant(model.apply))
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_hierarchical_model_is_causal_with_overflow(self):
+    model = _hier(4, 6, 0.5, scale=1.0)
+    _assert_hierarchical_causal(model, self.variant(model.apply), 6)
+
+
+def test_a_forward_pass_checks_its_shapes_at_the_models_boundary():
+  """interface.checked: the logits' vocabulary, a stage's fields of unequal length, the token rank."""
+  model = _hier()
+  key = jax.random.PRNGKey(3)
+  tokens = _tokens(jax.random.PRNGKey(4), b=2, l=16)
+  params = nn.unbox(jit_call(model.init, key, tokens, key))
+  out = jit_call(model.apply, params, tokens, key)
+  assert interface.checked(tokens, out, 258) is out
+  with pytest.raises(AssertionError):
+    interface.checked(tokens, out, 259)
+  stage = out.stages[0].replace(valid=out.stages[0].valid[:, :-1])
+  with pytest.raises(AssertionError):
+    interface.checked(tokens, out.replace(stages=(stage,)), 258)
+  with pytest.raises(AssertionError):
+    interface.checked(tokens[0], out, 258)
 
 
 def test_upsample_uses_latest_complete_chunk_not_the_open_one():

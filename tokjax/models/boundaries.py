@@ -129,7 +129,8 @@ def restrict_to_valid(bnd: Boundaries, valid) -> Boundaries:
     # forward value 1): where restriction flips the action, c + sg(1 - c) becomes 2 - (c + sg(1 - c)).
     flipped = (actions > 0.5) != (bnd.actions > 0.5)
     gate = jnp.where(flipped, 2.0 - gate, gate)
-  return bnd.replace(
+  return dataclasses.replace(
+      bnd,
       actions=actions,
       chunk_gate=gate,
       free=bnd.free & inside,

@@ -49,4 +49,5 @@ class FlatByteLM(nn.Module):
         attention=self.attention,
     )
     x = layers.Stack(settings, name='layers')(x, positions)
-    return interface.ModelOutput(layers.LMHead(self.vocab_size, self.dtype, name='head')(x))
+    logits = layers.LMHead(self.vocab_size, self.dtype, name='head')(x)
+    return interface.checked(tokens, interface.ModelOutput(logits), self.vocab_size)

@@ -11,6 +11,7 @@ the chunk capacity of stage s - 1), C_s the chunk capacity of stage s.
 
 from typing import Protocol
 
+import chex
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -97,6 +98,29 @@ def init_args(model: ByteLM, batch_size: int, seq_len: int) -> tuple:
   """`ByteLM.init_args` for any model: int32 zeros[batch_size, seq_len], and a key if it takes one."""
   tokens = jnp.zeros((batch_size, seq_len), jnp.int32)
   return (tokens, jax.random.PRNGKey(0)) if model.takes_key else (tokens,)
+
+
+def checked(tokens: jax.Array, out: ModelOutput, vocab_size: int) -> ModelOutput:
+  """out, after the shape and dtype checks of a forward pass at the model's boundary (at trace time:
+  free under jit). A wrong shape anywhere below would otherwise surface as a broadcast far from it.
+
+  tokens int[B, L]; logits and every stage's early_logits float[B, L, V]; per stage, boundaries,
+  valid, positions and tokens all [B, N_s] (N_0 = L); values float[B, L] when present.
+  """
+  chex.assert_rank(tokens, 2)
+  chex.assert_type(tokens, int)
+  b_x_l = tokens.shape
+  chex.assert_shape(out.logits, (*b_x_l, vocab_size))
+  chex.assert_type(out.logits, float)
+  for s, stage in enumerate(out.stages):
+    chex.assert_shape(stage.early_logits, (*b_x_l, vocab_size))
+    chex.assert_equal_shape([stage.boundaries.actions, stage.valid, stage.positions, stage.tokens])
+    chex.assert_axis_dimension(stage.valid, 0, b_x_l[0])
+    if s == 0:
+      chex.assert_shape(stage.boundaries.actions, b_x_l)
+  if out.values is not None:
+    chex.assert_shape(out.values, b_x_l)
+  return out
 
 
 def stage_metric(s: int, name: str) -> str:

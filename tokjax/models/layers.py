@@ -48,7 +48,8 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    scale = self.param(
+    # Read unboxed (an array); flax types it as the partitioned box its initializer returns.
+    scale: jax.Array = self.param(  # type: ignore[assignment]
         'scale',
         nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)),
         (x.shape[-1],),

@@ -49,7 +49,9 @@ class BoundaryMethod:
 
 
 _METHODS: dict[str, BoundaryMethod] = {}
-_DISCOVERED = []  # One element once the built-in modules are imported (a flag without `global`).
+_DISCOVERED: list[bool] = (
+    []
+)  # One element once the built-in modules are imported (a flag without `global`).
 
 
 def register(method: BoundaryMethod) -> BoundaryMethod:

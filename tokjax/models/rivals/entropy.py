@@ -11,6 +11,7 @@ of H over training batches. The tiny weight keeps it out of the gradient-norm cl
 normalisation still moves theta about lr * THRESHOLD_SCALE nats per step.
 """
 
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -62,7 +63,7 @@ class EntropySpikes(nn.Module):
     mask = common.valid_mask(tokens, ent.shape) * (~bd.forced_mask(ent.shape))
     below = jnp.sum((1.0 - spikes) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     aux = CONTROL_WEIGHT * raw * jax.lax.stop_gradient(below - (1.0 - self.target_rate))
-    return out.replace(aux_loss=aux, stats={'entropy_threshold': theta})
+    return dataclasses.replace(out, aux_loss=aux, stats={'entropy_threshold': theta})
 
 
 registry.register(

@@ -13,6 +13,8 @@ E[s_t] > P(s_t > 0.5) for a Gumbel-sigmoid at small probabilities.
 Decisions at t use h_t only: causal.
 """
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -79,7 +81,8 @@ class GumbelPooling(nn.Module):
     mask = common.valid_mask(tokens, logits.shape) * (~bd.forced_mask(logits.shape))
     hard_ste = sampled + soft - jax.lax.stop_gradient(soft)
     prior = binomial_prior_loss(hard_ste, mask, self.target_rate)
-    return out.replace(
+    return dataclasses.replace(
+        out,
         aux_loss=self.prior_weight * prior,
         chunk_gate=common.ste_gate(out.actions, soft),
         stats={'prior_loss': prior},

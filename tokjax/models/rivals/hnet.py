@@ -14,6 +14,8 @@ F the fraction of (hard) boundaries, G the mean p, over the non-forced valid pos
 total loss with weight `ratio_weight` (0.03) through `Boundaries.aux_loss`.
 """
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -70,7 +72,8 @@ class HNetRouter(nn.Module):
     )
     mask = common.valid_mask(tokens, p.shape) * (~bd.forced_mask(p.shape))
     loss = ratio_loss(out.actions, p, mask, self.target_rate)
-    return out.replace(
+    return dataclasses.replace(
+        out,
         aux_loss=self.ratio_weight * loss,
         chunk_gate=common.ste_gate(out.actions, p),
         chunk_ema=p,
