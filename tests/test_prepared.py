@@ -166,7 +166,7 @@ def test_every_byte_of_a_split_appears_once_per_epoch(corpus, tmp_path):
   assert n == pipeline.num_examples(stream, SEQ_LEN)
   every = pipeline.get_examples(stream, np.arange(n), seq_len=SEQ_LEN)
   assert every["targets"][every["mask"] == 1].astype(np.uint8).tobytes() == b"".join(docs)
-  iterator = pipeline.make_prepared_train_iterator(
+  iterator = pipeline.make_train_iterator(
       train, seq_len=SEQ_LEN, batch_size=4, seed=0, process_index=0, process_count=1
   )
   rows = [r for b in _take(iterator, -(-n // 4)) for r in _rows(b)][:n]
@@ -196,7 +196,7 @@ def test_resume_mid_epoch_reproduces_the_uninterrupted_sequence(corpus, tmp_path
 def test_two_processes_read_disjoint_rows_forming_the_global_batch(corpus, tmp_path):
   _prepare(corpus, tmp_path / "p")
   _, readers = shards.open_splits(str(tmp_path / "p"))
-  make = lambda index, count: pipeline.make_prepared_train_iterator(
+  make = lambda index, count: pipeline.make_train_iterator(
       readers["train"],
       seq_len=SEQ_LEN,
       batch_size=8,

@@ -105,7 +105,7 @@ def get_examples(stream: np.ndarray, indices: np.ndarray, *, seq_len: int) -> di
 
 
 def make_train_iterator(
-    docs: Sequence[bytes],
+    source: Sequence[bytes] | shards.SplitReader,
     *,
     seq_len: int,
     batch_size: int,
@@ -123,8 +123,13 @@ def make_train_iterator(
   on one host or several (an interleaved split would reorder the rows, and
   with them the per-row random boundary draws and the order of every sum).
 
+  A prepared split (a `shards.SplitReader`) gives the same examples (windows of seq_len + 1 tokens
+  of the packed split, stride seq_len), the same shuffle and the same process sharding as its
+  documents in memory, so both give identical batches for one seed; but only this process's
+  windows are ever read (random access), and start-up reads nothing of the split.
+
   Args:
-    docs: training documents.
+    source: training documents, or a prepared split's reader.
     seq_len: L, tokens per example.
     batch_size: global batch size, divisible by the process count.
     seed: shuffle seed; the same seed gives the same batches.
@@ -137,21 +142,13 @@ def make_train_iterator(
   """
   _check_positive(seq_len=seq_len, batch_size=batch_size)
   process_index, process_count = _check_processes(batch_size, process_index, process_count)
-  stream = pack_documents(docs)
-  return _train_iterator(
-      num_examples(stream, seq_len),
-      functools.partial(get_examples, stream, seq_len=seq_len),
-      seed=seed,
-      batch_size=batch_size,
-      process_index=process_index,
-      process_count=process_count,
-  )
-
-
-def _train_iterator(
-    n_examples: int, get_batch, *, seed, batch_size, process_index, process_count
-) -> grain.DatasetIterator:
-  """The one grain chain of both train iterators (in-memory and prepared): same seed, same rows."""
+  if isinstance(source, shards.SplitReader):
+    n_examples = source.num_examples(seq_len)
+    get_batch = functools.partial(_prepared_examples, source, seq_len=seq_len)
+  else:
+    stream = pack_documents(source)
+    n_examples = num_examples(stream, seq_len)
+    get_batch = functools.partial(get_examples, stream, seq_len=seq_len)
   rows = batch_size // process_count
   own = slice(process_index * rows, (process_index + 1) * rows)
   ds = (
@@ -187,34 +184,6 @@ def windows_to_examples(windows: np.ndarray) -> dict[str, np.ndarray]:
 
 def _prepared_examples(reader: shards.SplitReader, indices, *, seq_len: int):
   return windows_to_examples(reader.windows(np.asarray(indices), seq_len))
-
-
-def make_prepared_train_iterator(
-    reader: shards.SplitReader,
-    *,
-    seq_len: int,
-    batch_size: int,
-    seed: int,
-    process_index: int | None = None,
-    process_count: int | None = None,
-) -> grain.DatasetIterator:
-  """`make_train_iterator` over a prepared split, read by random access.
-
-  The same examples (windows of seq_len + 1 tokens of the packed split, stride seq_len), the same
-  shuffle and the same process sharding as `make_train_iterator(documents of the split)`, so both
-  give identical batches for one seed; but only this process's windows are ever read, and start-up
-  reads nothing of the split. Checkpoint it with `iterator_checkpoint_args` as usual.
-  """
-  _check_positive(seq_len=seq_len, batch_size=batch_size)
-  process_index, process_count = _check_processes(batch_size, process_index, process_count)
-  return _train_iterator(
-      reader.num_examples(seq_len),
-      functools.partial(_prepared_examples, reader, seq_len=seq_len),
-      seed=seed,
-      batch_size=batch_size,
-      process_index=process_index,
-      process_count=process_count,
-  )
 
 
 def make_prepared_eval_batches(
@@ -418,7 +387,7 @@ def build_data(config) -> Data:
     manifest, readers = shards.open_splits(data_cfg.corpus)
     splits = {name: shards.PreparedDocuments(r) for name, r in readers.items()}
     sources, cls, extra = readers, PreparedData, dict(readers=readers, manifest=manifest)
-    make_train, make_eval = make_prepared_train_iterator, make_prepared_eval_batches
+    make_train, make_eval = make_train_iterator, make_prepared_eval_batches
   else:
     splits = load_splits(data_cfg)
     sources, cls, extra = splits, Data, {}
