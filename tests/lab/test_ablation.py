@@ -1,7 +1,11 @@
 """The ablation study's table: each variant's means over the seeds it shares with the full method,
 its paired difference to it, and the seeds whose greedy boundaries found the words."""
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -117,3 +121,24 @@ def test_the_window_variants_measure_the_window_and_the_logit_apart():
   assert form(policy['w1_scaled']) == (1, True)
   assert form(policy['w8_scaled']) == (8, True)
   assert ablation.PAPER_ROW == {'full': 'w1', 'w8_scaled': 'full'}
+
+
+def test_a_report_reads_another_folders_runs_and_writes_its_table_apart(tmp_path):
+  """--runs_in: the ablation of a ladder's runs (the long-context study keeps both in one runs/)
+  writes its results.json to --out and nothing into the folder it reads."""
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  runs_in = os.path.join(repo, 'results', 'ablation')
+  before = sorted(os.listdir(runs_in))
+  out = tmp_path / 'table'
+  args = ['--variants', 'gamma1', '--seeds', '0,1', '--report', '--runs_in', runs_in]
+  proc = subprocess.run(
+      [sys.executable, '-m', 'tokjax.lab.ablation', *args, '--out', str(out)],
+      capture_output=True,
+      text=True,
+      cwd=repo,
+      timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = {r['variant']: r for r in json.load(open(out / 'results.json'))['rows']}
+  assert set(rows) == {'full', 'gamma1'} and rows['gamma1']['seeds'] == [0, 1]
+  assert sorted(os.listdir(runs_in)) == before

@@ -281,7 +281,9 @@ def main(argv):
     ladder.build_config(rs[0])
   base = ladder.build_config(runs[REFERENCE][0])
   ladder.check_corpora([f.corpus], base.data)
-  os.makedirs(os.path.join(f.out, 'runs'), exist_ok=True)
+  root = f.runs_in or f.out  # Its runs/ holds the run folders.
+  os.makedirs(os.path.join(root, 'runs'), exist_ok=True)
+  os.makedirs(f.out, exist_ok=True)
   os.environ.setdefault(
       'JAX_COMPILATION_CACHE_DIR', os.path.expanduser('~/.cache/tokjax/xla-ladder')
   )
@@ -291,9 +293,9 @@ def main(argv):
   failures = 0
   if not f.report:
     failures = ladder.execute(
-        f.out, every, scoring, f.jobs, f.resume, f.progress_s, base.data.batch_size
+        root, every, scoring, f.jobs, f.resume, f.progress_s, base.data.batch_size
     )
-  results = {name: ladder.load_results(f.out, rs) for name, rs in runs.items()}
+  results = {name: ladder.load_results(root, rs) for name, rs in runs.items()}
   meta = {
       'corpus': f.corpus,
       'budget': float(f.budget),
@@ -335,6 +337,12 @@ def define_flags():
   flags.DEFINE_bool('report', False, 'Only write the table and plot of the runs finished so far.')
   flags.DEFINE_float('progress_s', 60.0, 'Seconds between progress lines.')
   flags.DEFINE_string('out', 'results/ablation', 'Results folder.')
+  flags.DEFINE_string(
+      'runs_in',
+      None,
+      "Folder whose runs/ holds the run folders (default: --out), e.g. a ladder's: its policy runs "
+      "are the reference's, and the table is written to --out apart from the ladder's.",
+  )
 
 
 if __name__ == '__main__':
