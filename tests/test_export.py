@@ -2,6 +2,7 @@
 transformers in a process without JAX, logits equal to tokjax's, the parity gate for every boundary
 method, two stages and the flat model, and one-line refusals that write nothing."""
 
+import functools
 import json
 import os
 import shutil
@@ -356,6 +357,15 @@ def test_gate_for_the_flat_model(tmp_path):
 LOGLIKELIHOOD_TASKS = ['tokjax_mc', 'tokjax_lastword']
 
 
+@functools.cache
+def _task_manager():
+  """One index of lm-eval's tasks and the offline ones for every evaluation (indexing takes
+  seconds)."""
+  import lm_eval  # pylint: disable=g-import-not-at-top
+
+  return lm_eval.tasks.TaskManager(include_path=os.path.join(REPO, 'tests', 'lm_eval_tasks'))
+
+
 def _responses(model, tasks, batch_size=4):
   """{(task, doc id): [each request's log-likelihood or generated text]} of
   lm_eval.simple_evaluate on the offline tasks."""
@@ -365,9 +375,7 @@ def _responses(model, tasks, batch_size=4):
   res = lm_eval.simple_evaluate(
       model=model,
       tasks=tasks,
-      task_manager=lm_eval.tasks.TaskManager(
-          include_path=os.path.join(REPO, 'tests', 'lm_eval_tasks')
-      ),
+      task_manager=_task_manager(),
       log_samples=True,
       batch_size=batch_size,
       bootstrap_iters=0,
@@ -430,10 +438,13 @@ def _generations(model, params, model_pt, num_bytes):
   with torch.no_grad():
     cached = model_pt.generate(ids, use_cache=True, **kw)
     uncached = model_pt.generate(ids, use_cache=False, **kw)
-    # The cached forward's logits over the whole text are the uncached forward's.
+    # The cached forward's logits over the whole text, the prompt in one pass and the rest byte by
+    # byte, are the uncached forward's.
     whole = model_pt(cached, generation=True)
+    first = model_pt(cached[:, : prompt.shape[1]], use_cache=True)
+    rest = model_pt(cached[:, prompt.shape[1] :], cache=first.cache)
     np.testing.assert_allclose(
-        model_pt(cached, use_cache=True).logits.numpy(), whole.logits.numpy(), atol=1e-4, rtol=0
+        torch.cat([first.logits, rest.logits], 1).numpy(), whole.logits.numpy(), atol=1e-4, rtol=0
     )
   return {k: np.asarray(v) for k, v in ref.items()}, cached.numpy(), uncached.numpy(), whole
 

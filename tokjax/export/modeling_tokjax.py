@@ -4,6 +4,7 @@
   out = model(input_ids)                       # greedy boundaries
   out = model(input_ids, do_sample=True, generator=torch.Generator().manual_seed(0))
   out = model(input_ids, boundaries=out.boundaries)   # given boundaries, one tensor per stage
+  ids = model.generate(input_ids, max_new_tokens=64)  # boundaries decided on the fly, cached
 
 Self-contained: it imports torch and transformers only, never jax or tokjax. It computes what
 tokjax/models computes (the exporter checks that the logits agree within 1e-4 before it writes):
@@ -91,14 +92,16 @@ class LayerCache:
 
   def extend(self, k, v, positions, key_valid=None):
     """Appends [B, L, H, K] keys and values at positions int[B, L]; returns all of them (k, v,
-    positions, valid)."""
+    positions, valid), those the window drops from the cache included (the new queries' windows
+    may still reach them)."""
     valid = torch.ones_like(positions, dtype=torch.bool) if key_valid is None else key_valid
     if self.k is not None:
       k, v = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1)
       positions, valid = torch.cat([self.pos, positions], 1), torch.cat([self.valid, valid], 1)
+    kept = (k, v, positions, valid)
     if self.window > 0:
-      k, v, positions, valid = (x[:, -self.window :] for x in (k, v, positions, valid))
-    self.k, self.v, self.pos, self.valid = k, v, positions, valid
+      kept = tuple(x[:, -self.window :] for x in kept)
+    self.k, self.v, self.pos, self.valid = kept
     return k, v, positions, valid
 
 
@@ -713,8 +716,10 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     return self.num_stages > 0 and all(st['method'] == 'policy' for st in self.config.stages)
 
   def _cached(self, tokens, cache):
-    """Next-byte logits float32[B, L, V] of tokens int[B, L] that follow the cache's positions, fed
-    one position at a time (each stage's decision at a position needs the decisions before it)."""
+    """Next-byte logits float32[B, L, V] of tokens int[B, L] that follow the cache's positions: a
+    prompt (an empty cache) in one pass that fills the cache, later bytes one at a time."""
+    if cache.length == 0 and tokens.shape[1] > 1:
+      return self._read_prompt(tokens, cache)
     b = tokens.shape[0]
     live = torch.ones(b, dtype=torch.bool, device=tokens.device)
     logits = []
@@ -725,6 +730,48 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
       logits.append(self.head(self.decoder(y, pos, None, cache.decoder)))
       cache.length += 1
     return torch.cat(logits, dim=1)
+
+  def _read_prompt(self, tokens, cache):
+    """The forward over a prompt (open-ended, no chunk capacity) that keeps what `_cached_stage`
+    reads next: every layer's keys, each stage's last decisions, position count and latest chunk
+    output."""
+    b, l = tokens.shape
+    positions = torch.arange(l, device=tokens.device).expand(b, l)
+    h = self.encoder(self.embed(tokens), positions, None, cache.encoder)
+    y = self._prompt_stage(0, h, positions, torch.ones_like(positions, dtype=torch.bool), cache)
+    cache.length = l
+    return self.head(self.decoder(y, positions, None, cache.decoder))
+
+  def _prompt_stage(self, s, x, positions, valid, cache):
+    """Stage s over its whole input x: [B, N, D] (valid: bool[B, N], the positions that exist,
+    first) -> what the level below reads at each position, as `_cached_stage` one at a time."""
+    method = self.boundary if s == 0 else self.inner_boundaries[s - 1]
+    n = x.shape[1]
+    # A spare slot takes the convention's forced last boundary: the last real one is decided.
+    spare = F.pad(x, (0, 0, 0, 1))
+    actions = method(spare, 'greedy', capacity=n + 1).actions[:, :n] * valid
+    st = cache.stage(s, x[:, :1])
+    count = valid.long().sum(-1)
+    w = st['history'].shape[1]
+    if w:
+      idx = count[:, None] - w + torch.arange(w, device=x.device)
+      taken = torch.gather(actions, 1, idx.clamp(min=0))
+      st['history'] = torch.where(idx >= 0, taken, 0.0)
+    st['seen'] = count
+    chunks, ends, chunk_valid = downsample(x, actions, n)
+    at = ends.clamp(max=n - 1)
+    chunk_pos = torch.where(chunk_valid, torch.gather(positions, 1, at), n)
+    if s + 1 < self.num_stages:
+      inner = self.inner_encoders[s](chunks, chunk_pos, chunk_valid, cache.inner_encoders[s])
+      out = self._prompt_stage(s + 1, inner, chunk_pos, chunk_valid, cache)
+    else:
+      out = self.main(chunks, chunk_pos, chunk_valid, cache.main)
+    latest = (chunk_valid.long().sum(-1) - 1).clamp(min=0)
+    st['last'] = torch.gather(out, 1, latest[:, None, None].expand(-1, 1, out.shape[-1]))
+    y = upsample(x, out, actions)
+    if s:
+      y = self.inner_decoders[s - 1](y, positions, valid, cache.inner_decoders[s - 1])
+    return y
 
   def _cached_stage(self, s, x, pos, live, cache):
     """Stage s at one position whose input x: [B, 1, D] exists in rows `live` (bool[B]: stage s - 1
