@@ -70,8 +70,9 @@ def training_config(fields: dict, out: str):
   differ = sorted(k for k, v in described.items() if fields.get(k) != v)
   if differ:
     raise UserError(
-        f"config.json's model fields {differ} are not those its tokjax.config describes; the "
-        'folder was edited after the export: export the run again.'
+        f"config.json's model fields {differ} are not those its tokjax.config describes in this "
+        'version of tokjax (the folder was edited, or written by another version): export the run '
+        'again with this version.'
     )
   return config
 
