@@ -5,17 +5,14 @@ r"""The cheapest measured setup where the ladder ranks the boundary methods: 4e6
     --seeds 0,1,2 --lrs 8e-3 --override hnet:boundary.hnet.ratio_weight=0.3 \
     --override bpe:boundary.bpe.pretokenize=none --jobs 2 --out OUT
 
-configs/compare.py:METHOD (0.86M parameters) for 977 steps of 16 x 256 bytes at lr 8e-3, rates
-near 0.2 (H-Net's ratio weight 0.3; the BPE merges across words; whitespace's rate is the text's,
-0.19). It is the ladder's run. Expect (test bpb, mean over seeds; X - policy paired on the test
-windows at the seeds both have, +- the combined s.e. sqrt(clustered^2 + seed^2), two-sided p under
-Student's t, found when p < 0.05: tokjax/significance.py; results/ladder/README.md): policy 2.318
-(seeds 0-7); BPE-guided 2.252 (seeds 0-2: -0.048 +- 0.008, p 0.018, found ahead); whitespace 2.308
-(seeds 0-2: +0.008 +- 0.003, p 0.025, found behind); H-Net 2.330 (seeds 0-7: +0.012 +- 0.005,
-p 0.041, found behind, just); uniform 2.337 (seeds 0-7: +0.018 +- 0.006, p 0.010, found behind).
-On Python source (--corpus stdlib, seeds 0-2) only BPE-guided's lead is found (-0.055 +- 0.005);
-H-Net, whitespace (rate 0.12 there) and uniform are not told apart from the policy. Variants: every
-boundary method of the registry.
+configs/compare.py:METHOD (0.86M parameters), 977 steps of 16 x 256 bytes at lr 8e-3, rates near
+0.2 (H-Net's ratio weight 0.3; BPE merges across words; whitespace 0.19). Expect (test bpb; X -
+policy paired on the test windows +- sqrt(clustered^2 + seed^2) s.e., found when p < 0.05 under
+Student's t: tokjax/significance.py, results/ladder/README.md): policy 2.318 (seeds 0-7); BPE-guided
+2.252 (0-2: -0.048 +- 0.008, p 0.018, found ahead); whitespace 2.308 (0-2: +0.008 +- 0.003, p 0.025,
+found behind); H-Net 2.330 (0-7: +0.012 +- 0.005, p 0.041, found behind, just); uniform 2.337 (0-7:
++0.018 +- 0.006, p 0.010, found behind). On stdlib (seeds 0-2) only BPE-guided's lead is found.
+Variants: every boundary method of the registry.
 """
 
 from tokjax.config import files as config_files
