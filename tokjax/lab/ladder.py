@@ -135,6 +135,7 @@ def check_overrides(run: Run) -> None:
 def build_config(run: Run):
   """The run's config: configs/compare.py:METHOD with its corpus, seed, seq_len, batch, lr and
   budget, then its overrides (`check_overrides` refuses those that would change the first five)."""
+
   def variant(method):
     c = common.compare_config(method, run.corpus, tiny=run.tiny, seed=run.seed)
     c.data.seq_len = run.seq_len
