@@ -171,7 +171,7 @@ class HierarchicalByteLM(nn.Module):
     h, early_logits = self.encode(tokens)
     out = self._decode(h, tokens, early_logits, key, mode, actions, **boundary_kwargs)
     if self.value_head:
-      out = dataclasses.replace(out, values=self.critic(h))
+      out = out.replace(values=self.critic(h))
     return interface.checked(tokens, out, self.vocab_size)
 
   def sample_k(
