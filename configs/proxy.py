@@ -11,8 +11,8 @@ policy paired on the test windows +- sqrt(clustered^2 + seed^2) s.e., found when
 Student's t: tokjax/significance.py, results/ladder/README.md): policy 2.318 (seeds 0-7); BPE-guided
 2.252 (0-2: -0.048 +- 0.008, p 0.018, found ahead); whitespace 2.308 (0-2: +0.008 +- 0.003, p 0.025,
 found behind); H-Net 2.330 (0-7: +0.012 +- 0.005, p 0.041, found behind, just); uniform 2.337 (0-7:
-+0.018 +- 0.006, p 0.010, found behind). On stdlib (seeds 0-2) only BPE-guided's lead is found.
-Variants: every boundary method of the registry.
++0.018 +- 0.006, p 0.010, found behind); on stdlib (0-2) only BPE-guided's lead. At L = 2048
+(results/long_context, 0-2) H-Net is level (+0.001 +- 0.005, p 0.91), BPE-guided ahead (p 0.003).
 """
 
 from tokjax.config import files as config_files
