@@ -118,6 +118,28 @@ def test_every_column_of_a_row_uses_the_seeds_it_shares_with_the_reference():
   assert row['paired']['diff'] == pytest.approx(2.5 / 200 / math.log(2))
 
 
+def test_out_of_domain_uses_the_seeds_scored_there_and_names_them(tmp_path):
+  def run(method, seed, cross_ce):
+    r = _result(method, seed, [10.0, 10.0], 2.0)
+    if cross_ce is not None:  # A run trained before --cross has no out-of-domain score.
+      r['cross'] = {'code': _result(method, seed, cross_ce, cross_ce[0] / 100)['test']}
+    return r
+
+  policy = [run('policy', 0, None), run('policy', 1, [30.0, 30.0]), run('policy', 2, [32.0, 30.0])]
+  hnet = [run('hnet', 0, None), run('hnet', 1, [31.0, 30.0]), run('hnet', 2, [34.0, 31.0])]
+  rows = ladder_report.summarize(policy + hnet, 'policy')
+  (row,) = [r for r in rows if r['method'] == 'hnet']
+  assert row['seeds'] == [0, 1, 2] and row['cross_seeds'] == {'code': [1, 2]}
+  assert row['cross_bpb']['code'] == pytest.approx((0.31 + 0.34) / 2)
+  p = row['cross_paired']['code']
+  assert p['seeds'] == [1, 2] and p['diff'] == pytest.approx(4.0 / 400 / math.log(2))
+  meta = {'reference': 'policy', 'target_rate': 0.2, 'command': 'ladder', 'corpus': 'c'}
+  meta['unit_bytes'] = 200
+  ladder_report.write_outputs(str(tmp_path), rows, meta)
+  md = (tmp_path / 'results.md').read_text()
+  assert '0.325 (seeds 1,2) | +0.0144' in md and '0.310 (seeds 1,2) | (ref)' in md
+
+
 def test_the_lr_is_picked_over_the_seeds_every_lr_has():
   runs = [_result('policy', 0, [10.0, 10.0], 2.0), _result('policy', 1, [10.0, 10.0], 1.0)]
   other = _result('policy', 0, [10.0, 10.0], 1.9)

@@ -104,15 +104,18 @@ def summarize(results, reference: str) -> list[dict]:
         'train_bytes': rs[0]['train_bytes'],
         'bytes_per_s': float(np.mean([r['train_bytes_per_s'] for r in rs])),
     }
-    cross = [c for c in rs[0].get('cross', {}) if all(c in x.get('cross', {}) for x in rs)]
-    row['cross_bpb'] = {c: float(np.mean([x['cross'][c]['bpb'] for x in rs])) for c in cross}
     if paired:
       row['paired'] = paired_over_seeds(rs, ref, 'test')
-      row['cross_paired'] = {
-          c: paired_over_seeds(rs, ref, c)
-          for c in cross
-          if all(c in x.get('cross', {}) for x in ref)
-      }
+    # Out of domain over the row's seeds that were scored there (runs trained before --cross were
+    # not), paired over the seeds both sides have; 'cross_seeds' names them.
+    row['cross_bpb'], row['cross_seeds'], row['cross_paired'] = {}, {}, {}
+    for c in sorted({c for x in rs for c in x.get('cross', {})}):
+      scored = [x for x in rs if c in x.get('cross', {})]
+      row['cross_bpb'][c] = float(np.mean([x['cross'][c]['bpb'] for x in scored]))
+      row['cross_seeds'][c] = [x['run']['seed'] for x in scored]
+      ref_scored = [x for x in ref or () if c in x.get('cross', {})]
+      if paired and _seeds(scored) & _seeds(ref_scored):
+        row['cross_paired'][c] = paired_over_seeds(scored, ref_scored, c)
     rows.append(row)
   return sorted(rows, key=lambda r: (r['budget'], r['seq_len'], r['test_bpb']))
 
@@ -343,26 +346,30 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
   cross = sorted({c for r in rows for c in r.get('cross_bpb', {})})
   if cross:
 
+    def cross_bpb(r, c):
+      seeds = r.get('cross_seeds', {}).get(c)
+      also = f' (seeds {",".join(map(str, seeds))})' if seeds and seeds != r['seeds'] else ''
+      return fmt(r['cross_bpb'].get(c), 3) + also
+
     def paired(r, c):
       p = r.get('cross_paired', {}).get(c)
-      return (
-          f'{p["diff"]:+.4f} +- {p["combined_se"]:.4f}, p {fmt_p(p["p"])} ({p["verdict"]})'
-          if p
-          else '(ref)'
-      )
+      if not p:
+        return '(ref)' if r['method'] == ref else '-'
+      return f'{p["diff"]:+.4f} +- {p["combined_se"]:.4f}, p {fmt_p(p["p"])} ({p["verdict"]})'
 
     lines += [
         '',
         '## Out of domain',
         '',
-        'The same checkpoints scored on the test split of other corpora: bpb and the paired '
-        f'difference to `{ref}` +- its combined s.e., its p and its verdict.',
+        'The same checkpoints scored on the test split of other corpora: bpb (over the seeds '
+        "scored there, named where fewer than the row's) and the paired difference to "
+        f'`{ref}` over the seeds both were scored at, +- its combined s.e., its p and its verdict.',
         '',
         *common.table(
             'budget B | L | method | ' + ' | '.join(f'{c} bpb | paired' for c in cross),
             (
                 f'{r["budget"]:.3g} | {r["seq_len"]} | {r["method"]} | '
-                + ' | '.join(f'{fmt(r["cross_bpb"].get(c), 3)} | {paired(r, c)}' for c in cross)
+                + ' | '.join(f'{cross_bpb(r, c)} | {paired(r, c)}' for c in cross)
                 for r in rows
                 if r.get('cross_bpb')
             ),
