@@ -133,8 +133,7 @@ def test_out_of_domain_uses_the_seeds_scored_there_and_names_them(tmp_path):
   assert row['cross_bpb']['code'] == pytest.approx((0.31 + 0.34) / 2)
   p = row['cross_paired']['code']
   assert p['seeds'] == [1, 2] and p['diff'] == pytest.approx(4.0 / 400 / math.log(2))
-  meta = {'reference': 'policy', 'target_rate': 0.2, 'command': 'ladder', 'corpus': 'c'}
-  meta['unit_bytes'] = 200
+  meta = dict(reference='policy', target_rate=0.2, command='ladder', corpus='c', unit_bytes=200)
   ladder_report.write_outputs(str(tmp_path), rows, meta)
   md = (tmp_path / 'results.md').read_text()
   assert '0.325 (seeds 1,2) | +0.0144' in md and '0.310 (seeds 1,2) | (ref)' in md

@@ -113,9 +113,10 @@ def summarize(results, reference: str) -> list[dict]:
       scored = [x for x in rs if c in x.get('cross', {})]
       row['cross_bpb'][c] = float(np.mean([x['cross'][c]['bpb'] for x in scored]))
       row['cross_seeds'][c] = [x['run']['seed'] for x in scored]
-      ref_scored = [x for x in ref or () if c in x.get('cross', {})]
-      if paired and _seeds(scored) & _seeds(ref_scored):
-        row['cross_paired'][c] = paired_over_seeds(scored, ref_scored, c)
+      if paired:
+        ref_scored = [x for x in ref if c in x.get('cross', {})]
+        if _seeds(scored) & _seeds(ref_scored):
+          row['cross_paired'][c] = paired_over_seeds(scored, ref_scored, c)
     rows.append(row)
   return sorted(rows, key=lambda r: (r['budget'], r['seq_len'], r['test_bpb']))
 
