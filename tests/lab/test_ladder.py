@@ -427,3 +427,7 @@ def test_greedy_scoring_rescores_a_finished_run_and_keeps_its_curve(tmp_path, un
   val = [x for x in _final(whole)[2] if x['split'] == 'val']
   assert [c['step'] for c in r['curve']] == [x['step'] for x in val]
   assert r['curve'][-1]['greedy_whitespace_recall'] == val[-1]['greedy_whitespace_recall']
+  # A later pass that asks for less keeps the greedy scores, and the result says it holds them.
+  ladder.write_spec(d, run, scoring)
+  again = ladder.work(d)
+  assert again['test_greedy']['bpb'] == g['bpb'] and again['scoring']['greedy'] is True

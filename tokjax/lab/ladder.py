@@ -233,6 +233,9 @@ def work(run_dir: str) -> dict:
       docs = _splits(config, corpus)['test']
       result['cross'][corpus] = common.evaluate_documents(ckpt, docs, key, scoring.unit_bytes)
   result['params'] = int(ckpt.trainer.num_params)
+  # What the result holds, not what this pass asked for: a narrower rescore keeps earlier scores.
+  held = Scoring(scoring.unit_bytes, tuple(sorted(result['cross'])), 'test_greedy' in result)
+  result['scoring'] = dataclasses.asdict(held)
   common.write_json(result_path, result, indent=None)
   return result
 
