@@ -214,7 +214,6 @@ def work(run_dir: str) -> dict:
     result.update(_training_summary(config, run_dir))
   if 'curve' not in result and os.path.exists(os.path.join(run_dir, 'metrics.jsonl')):
     result['curve'] = val_curve(os.path.join(run_dir, 'metrics.jsonl'))
-  result.update(spec_of(run, scoring))
   ckpt = checkpointing.load_checkpoint(run_dir)
   splits = _splits(config, run.corpus)
   key = _eval_key()
@@ -234,8 +233,7 @@ def work(run_dir: str) -> dict:
       result['cross'][corpus] = common.evaluate_documents(ckpt, docs, key, scoring.unit_bytes)
   result['params'] = int(ckpt.trainer.num_params)
   # What the result holds, not what this pass asked for: a narrower rescore keeps earlier scores.
-  held = Scoring(scoring.unit_bytes, tuple(sorted(result['cross'])), 'test_greedy' in result)
-  result['scoring'] = dataclasses.asdict(held)
+  result.update(spec_of(run, held_scoring(result)))
   common.write_json(result_path, result, indent=None)
   return result
 
@@ -288,6 +286,11 @@ def write_spec(run_dir: str, run: Run, scoring: Scoring) -> None:
   common.write_json(os.path.join(run_dir, 'spec.json'), spec_of(run, scoring), indent=None)
 
 
+def held_scoring(result: dict) -> Scoring:
+  """The scoring a result.json holds: its unit, the corpora scored out of domain, greedy or not."""
+  return Scoring(result['unit_bytes'], tuple(sorted(result.get('cross', {}))), 'test_greedy' in result)
+
+
 def read_spec(run_dir: str) -> tuple[Run, Scoring]:
   """The run and scoring of run_dir: its spec.json, else those embedded in its result.json (a packed
   run, `pack`). A spec.json of the first ladders held the run alone; its scoring is the result's."""
@@ -301,7 +304,7 @@ def read_spec(run_dir: str) -> tuple[Run, Scoring]:
   if 'scoring' not in spec:
     with open(os.path.join(run_dir, 'result.json')) as f:
       r = json.load(f)
-    spec['scoring'] = {'unit_bytes': r['unit_bytes'], 'cross': sorted(r.get('cross', {}))}
+    spec['scoring'] = dataclasses.asdict(held_scoring(r))
   tup = lambda d: {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
   return Run(**tup(spec['run'])), Scoring(**tup(spec['scoring']))
 
