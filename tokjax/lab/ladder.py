@@ -288,7 +288,9 @@ def write_spec(run_dir: str, run: Run, scoring: Scoring) -> None:
 
 def held_scoring(result: dict) -> Scoring:
   """The scoring a result.json holds: its unit, the corpora scored out of domain, greedy or not."""
-  return Scoring(result['unit_bytes'], tuple(sorted(result.get('cross', {}))), 'test_greedy' in result)
+  return Scoring(
+      result['unit_bytes'], tuple(sorted(result.get('cross', {}))), 'test_greedy' in result
+  )
 
 
 def read_spec(run_dir: str) -> tuple[Run, Scoring]:
