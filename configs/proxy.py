@@ -12,7 +12,7 @@ Student's t: tokjax/significance.py, results/ladder/README.md): policy 2.318 (se
 2.252 (0-2: -0.048 +- 0.008, p 0.018, found ahead); whitespace 2.308 (0-2: +0.008 +- 0.003, p 0.025,
 found behind); H-Net 2.330 (0-7: +0.012 +- 0.005, p 0.041, found behind, just); uniform 2.337 (0-7:
 +0.018 +- 0.006, p 0.010, found behind); on stdlib (0-2) only BPE-guided's lead. At L = 2048
-(results/long_context, 0-4) H-Net is not separated (+0.004 +- 0.008, p 0.65), BPE-guided ahead.
+(results/long_context, 0-4) H-Net is not separated (+0.004 +- 0.008, p 0.67), BPE-guided ahead.
 """
 
 from tokjax.config import files as config_files
