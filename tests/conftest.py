@@ -7,8 +7,11 @@ hundreds of small ones (data, metrics, checkpoint restore) recur in every subpro
 result.
 """
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -164,3 +167,41 @@ def tiny_flags(workdir: str, **overrides) -> list[str]:
   }
   values.update({k.replace('__', '.'): v for k, v in overrides.items()})
   return ['--config=configs/compare.py:policy'] + [f'--config.{k}={v}' for k, v in values.items()]
+
+
+# `python -m MODULE ARGS` for each ARGS through the command's own entry point, cli.run(main), in one
+# process: the command lines differ only past start-up, which is mostly importing jax.
+_COMMAND_LINES = """
+import contextlib, importlib, io, json, sys
+from absl import flags
+from tokjax import cli
+module = importlib.import_module(sys.argv[1])
+module.define_flags()
+ended = []
+for args in json.loads(sys.argv[2]):
+  flags.FLAGS.unparse_flags()
+  sys.argv = [module.__name__, *args]
+  err, code = io.StringIO(), 0
+  with contextlib.redirect_stderr(err):
+    try:
+      cli.run(module.main)
+    except SystemExit as e:
+      code = e.code or 0
+  ended.append([code, err.getvalue()])
+print(json.dumps(ended))
+"""
+
+
+def command_lines(module: str, argvs: list[list[str]], cwd=None) -> list[tuple[int, str]]:
+  """(exit code, stderr) of `python -m module *argv` for each argv, run in one process (the module
+  defines its flags with `define_flags` and runs `cli.run(main)`, as tokjax's commands do)."""
+  proc = subprocess.run(
+      [sys.executable, '-c', _COMMAND_LINES, module, json.dumps(argvs)],
+      cwd=cwd,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      check=False,
+  )
+  assert proc.returncode == 0, proc.stderr
+  return [(code, err) for code, err in json.loads(proc.stdout.strip().splitlines()[-1])]

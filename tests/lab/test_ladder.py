@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from conftest import command_lines
 import numpy as np
 import pytest
 from scipy import stats
@@ -374,22 +375,9 @@ def test_bad_ladder_flags_get_one_line(tmp_path):
       (['--corpus', str(tmp_path / 'nosuch')], 'does not exist'),
       (['--cross', str(tmp_path / 'nosuch')], 'does not exist'),
   ]
-  # Side by side: each command is all start-up (importing jax), and those overlap.
-  procs = [
-      (
-          subprocess.Popen(
-              [sys.executable, '-m', 'tokjax.lab.ladder', '--out', str(tmp_path / str(i)), *args],
-              stdout=subprocess.PIPE,
-              stderr=subprocess.PIPE,
-              text=True,
-          ),
-          words,
-      )
-      for i, (args, words) in enumerate(cases)
-  ]
-  for p, words in procs:
-    _, err = p.communicate(timeout=300)
-    assert p.returncode == 2, err
+  argvs = [['--out', str(tmp_path / str(i)), *args] for i, (args, _) in enumerate(cases)]
+  for (code, err), (_, words) in zip(command_lines('tokjax.lab.ladder', argvs), cases):
+    assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith('error:') and words in lines[0], err
 

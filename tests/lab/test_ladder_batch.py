@@ -6,9 +6,8 @@ import glob
 import json
 import os
 import shutil
-import subprocess
-import sys
 
+from conftest import command_lines
 import pytest
 
 from tokjax.errors import UserError
@@ -115,57 +114,26 @@ def test_commands_refuse_the_runs_own_fields_and_report_the_length(tmp_path):
   shutil.copytree(
       os.path.join(REPO, 'results', 'ladder', 'shakespeare', 'runs', name), out / 'runs' / name
   )
-  commands = [
-      (['tokjax.lab.ladder', '--set', 'data.batch_size=4'], 'set it with --batch_size'),
-      (['tokjax.lab.ladder', '--batch_size', '0'], '--batch_size=0 must be at least 1'),
-      (
-          ['tokjax.lab.ablation', '--set', 'data.seq_len=512'],
-          'set it with --seq_lens (ladder) or --seq_len',
-      ),
-      (
-          [
-              'tokjax.lab.ladder',
-              '--report',
-              '--nomarkdown',
-              '--budgets',
-              '4e6',
-              '--methods',
-              'policy',
-              '--seq_lens',
-              '1024',
-              '--lrs',
-              '8e-3',
-          ],
-          None,
-      ),
-  ]
-  procs = [
-      (
-          subprocess.Popen(
-              [
-                  sys.executable,
-                  '-m',
-                  *args,
-                  '--out',
-                  str(out if words is None else tmp_path / str(i)),
-              ],
-              cwd=REPO,
-              stdout=subprocess.PIPE,
-              stderr=subprocess.PIPE,
-              text=True,
-          ),
-          words,
-      )
-      for i, (args, words) in enumerate(commands)
-  ]
-  for p, words in procs:
-    _, err = p.communicate(timeout=300)
-    if words is None:
-      assert p.returncode == 0, err
-      continue
-    assert p.returncode == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith('error:') and words in lines[0], err
+  refused = {
+      'tokjax.lab.ladder': [
+          (['--set', 'data.batch_size=4'], 'set it with --batch_size'),
+          (['--batch_size', '0'], '--batch_size=0 must be at least 1'),
+      ],
+      'tokjax.lab.ablation': [
+          (['--set', 'data.seq_len=512'], 'set it with --seq_lens (ladder) or --seq_len'),
+      ],
+  }
+  report = '--report --nomarkdown --budgets 4e6 --methods policy --seq_lens 1024 --lrs 8e-3'
+  for module, cases in refused.items():
+    argvs = [[*args, '--out', str(tmp_path / str(i))] for i, (args, _) in enumerate(cases)]
+    if module == 'tokjax.lab.ladder':
+      argvs.append([*report.split(), '--out', str(out)])
+    ended = command_lines(module, argvs, cwd=REPO)
+    for (code, err), (_, words) in zip(ended, cases):
+      assert code == 2, err
+      lines = err.strip().splitlines()
+      assert len(lines) == 1 and lines[0].startswith('error:') and words in lines[0], err
+    assert len(ended) == len(argvs) and all(code == 0 for code, _ in ended[len(cases) :]), ended
   with open(out / 'results.json') as f:
     results = json.load(f)
   assert results['meta']['seq_lens'] == [1024] and results['meta']['batch_size'] == 16
