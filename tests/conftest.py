@@ -182,7 +182,7 @@ for args in json.loads(sys.argv[2]):
   flags.FLAGS.unparse_flags()
   sys.argv = [module.__name__, *args]
   err, code = io.StringIO(), 0
-  with contextlib.redirect_stderr(err):
+  with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
     try:
       cli.run(module.main)
     except SystemExit as e:
@@ -204,4 +204,4 @@ def command_lines(module: str, argvs: list[list[str]], cwd=None) -> list[tuple[i
       check=False,
   )
   assert proc.returncode == 0, proc.stderr
-  return [(code, err) for code, err in json.loads(proc.stdout.strip().splitlines()[-1])]
+  return [(code, err) for code, err in json.loads(proc.stdout)]

@@ -114,26 +114,30 @@ def test_commands_refuse_the_runs_own_fields_and_report_the_length(tmp_path):
   shutil.copytree(
       os.path.join(REPO, 'results', 'ladder', 'shakespeare', 'runs', name), out / 'runs' / name
   )
-  refused = {
-      'tokjax.lab.ladder': [
-          (['--set', 'data.batch_size=4'], 'set it with --batch_size'),
-          (['--batch_size', '0'], '--batch_size=0 must be at least 1'),
+  bad = ['--out', str(tmp_path / 'refused')]
+  report = '--report --nomarkdown --budgets 4e6 --methods policy --seq_lens 1024 --lrs 8e-3'.split()
+  ladder_ended = command_lines(
+      'tokjax.lab.ladder',
+      [
+          ['--set', 'data.batch_size=4', *bad],
+          ['--batch_size', '0', *bad],
+          [*report, '--out', str(out)],
       ],
-      'tokjax.lab.ablation': [
-          (['--set', 'data.seq_len=512'], 'set it with --seq_lens (ladder) or --seq_len'),
-      ],
-  }
-  report = '--report --nomarkdown --budgets 4e6 --methods policy --seq_lens 1024 --lrs 8e-3'
-  for module, cases in refused.items():
-    argvs = [[*args, '--out', str(tmp_path / str(i))] for i, (args, _) in enumerate(cases)]
-    if module == 'tokjax.lab.ladder':
-      argvs.append([*report.split(), '--out', str(out)])
-    ended = command_lines(module, argvs, cwd=REPO)
-    for (code, err), (_, words) in zip(ended, cases):
-      assert code == 2, err
-      lines = err.strip().splitlines()
-      assert len(lines) == 1 and lines[0].startswith('error:') and words in lines[0], err
-    assert len(ended) == len(argvs) and all(code == 0 for code, _ in ended[len(cases) :]), ended
+      cwd=REPO,
+  )
+  ablation_ended = command_lines(
+      'tokjax.lab.ablation', [['--set', 'data.seq_len=512', *bad]], cwd=REPO
+  )
+  refusals = [
+      'set it with --batch_size',
+      '--batch_size=0 must be at least 1',
+      'set it with --seq_lens (ladder) or --seq_len',
+  ]
+  for (code, err), words in zip(ladder_ended[:2] + ablation_ended, refusals):
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error:') and words in lines[0], err
+  assert ladder_ended[2][0] == 0, ladder_ended[2][1]
   with open(out / 'results.json') as f:
     results = json.load(f)
   assert results['meta']['seq_lens'] == [1024] and results['meta']['batch_size'] == 16
