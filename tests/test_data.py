@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tokjax.config import defaults
 from tokjax.data import BOS_ID, PAD_ID, compression, corpora, pipeline, prepare, registry
 from tokjax.errors import UserError
 
@@ -221,6 +222,31 @@ def test_split_documents_disjoint_covering_deterministic():
     pipeline.split_documents(docs[:2])
   with pytest.raises(UserError, match="sum to less than 1"):
     pipeline.split_documents(docs, val_fraction=0.5, test_fraction=0.5)
+
+
+def test_split_by_unit_keeps_each_work_of_shakespeare_in_one_split():
+  docs = corpora.load_documents("shakespeare")
+  works = corpora.document_clusters("shakespeare", docs)
+  config = defaults.base_config()
+  config.data.corpus = "shakespeare"
+  by_document = pipeline.load_splits(config.data)
+  config.data.split_by = "unit"
+  by_work = pipeline.load_splits(config.data)
+  seen = {k: set(corpora.document_clusters("shakespeare", v)) for k, v in by_work.items()}
+  assert not seen["train"] & (seen["val"] | seen["test"]) and not seen["val"] & seen["test"]
+  assert sorted(sum(by_work.values(), [])) == sorted(docs)
+  # The held-out splits still get at least their share of pieces, and it is a different split
+  # from the document one, where some test pieces come from works that train also has.
+  assert len(by_work["val"]) >= 8 and len(by_work["test"]) >= 8
+  test_works = set(corpora.document_clusters("shakespeare", by_document["test"]))
+  assert test_works & set(corpora.document_clusters("shakespeare", by_document["train"]))
+  assert by_work == pipeline.split_documents(docs, seed=0, units=works)
+  assert by_work != pipeline.split_documents(docs, seed=1, units=works)
+  with pytest.raises(UserError, match="too few to hold whole units out"):
+    pipeline.split_documents(docs[:4], units=[0, 0, 1, 1])
+  config.data.split_by = "work"
+  with pytest.raises(UserError, match="split_by='work' is not one of"):
+    pipeline.validate(config)
 
 
 def test_packing_and_mask_exact():

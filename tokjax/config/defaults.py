@@ -53,6 +53,8 @@ def base_config() -> ml_collections.ConfigDict:
       val_fraction=0.05,  # Share of documents held out for validation.
       test_fraction=0.05,  # Share of documents held out for the final test.
       split_seed=0,  # Seed of the document permutation that makes the splits.
+      # 'document': any piece may go to any split; 'unit': whole works (files) per split.
+      split_by='document',
       seq_len=256,  # Bytes per training sequence (L).
       batch_size=16,  # Sequences per step, global over all devices and hosts (B).
   )

@@ -34,16 +34,26 @@ from tokjax.data import BOS_ID, PAD_ID, compression, corpora, shards
 from tokjax.errors import UserError
 
 SPLITS = ("train", "val", "test")
+SPLIT_BY = ("document", "unit")  # What config.data.split_by deals to the splits.
 
 
 def split_documents(
-    docs: Sequence[bytes], *, val_fraction: float = 0.05, test_fraction: float = 0.05, seed: int = 0
+    docs: Sequence[bytes],
+    *,
+    val_fraction: float = 0.05,
+    test_fraction: float = 0.05,
+    seed: int = 0,
+    units: Sequence[int] | None = None,
 ) -> dict[str, list[bytes]]:
   """Splits documents into disjoint, covering "train", "val" and "test" lists.
 
   Val and test get round(fraction * n) documents but at least one each, picked
   by a permutation seeded with `seed`; documents keep their corpus order
-  within a split.
+  within a split. With `units` (the independent unit of each document, as
+  `corpora.document_clusters` gives them) whole units are dealt instead, in a
+  permutation of the units, until each held-out split has at least its share
+  of documents: every piece of a work then lies in one split, so the test
+  split measures text whose work the model never trained on.
   """
   n = len(docs)
   if n < 3:
@@ -59,11 +69,36 @@ def split_documents(
   # Clipped so that train always keeps at least one document.
   n_val = min(max(1, round(n * val_fraction)), n - 2)
   n_test = min(max(1, round(n * test_fraction)), n - 1 - n_val)
-  perm = np.random.default_rng(seed).permutation(n)
   owner = np.zeros(n, np.int8)  # 0 = train, 1 = val, 2 = test.
-  owner[perm[:n_val]] = 1
-  owner[perm[n_val : n_val + n_test]] = 2
+  if units is None:
+    perm = np.random.default_rng(seed).permutation(n)
+    owner[perm[:n_val]] = 1
+    owner[perm[n_val : n_val + n_test]] = 2
+  else:
+    owner = _deal_units(np.asarray(units), n_val, n_test, seed)
   return {name: [d for d, o in zip(docs, owner) if o == k] for k, name in enumerate(SPLITS)}
+
+
+def _deal_units(units: np.ndarray, n_val: int, n_test: int, seed: int) -> np.ndarray:
+  """int8[n] split owner of each document (0 train, 1 val, 2 test) when whole units are dealt: units
+  in a seeded permutation go to val until it has n_val documents, then to test until n_test."""
+  order = np.random.default_rng(seed).permutation(np.unique(units))
+  owner = np.zeros(len(units), np.int8)
+  wanted = {1: n_val, 2: n_test}
+  split = 1
+  for unit in order:
+    if split > 2:
+      break
+    owner[units == unit] = split
+    if (owner == split).sum() >= wanted[split]:
+      split += 1
+  if split <= 2 or not (owner == 0).any():
+    raise UserError(
+        f"the corpus has {len(np.unique(units))} independent units (works, files), too few to "
+        "hold whole units out for val and test and keep one for training; use "
+        "--config.data.split_by=document or a larger corpus"
+    )
+  return owner
 
 
 def pack_documents(docs: Sequence[bytes]) -> np.ndarray:
@@ -357,7 +392,8 @@ class PreparedData(Data):
 def load_splits(data_config, corpus: str | None = None) -> dict[str, Sequence[bytes]]:
   """The documents of `corpus` (default data_config.corpus) split as training splits them.
 
-  Reads data_config.{corpus, data_dir, max_bytes, val_fraction, test_fraction, split_seed}.
+  Reads data_config.{corpus, data_dir, max_bytes, val_fraction, test_fraction, split_seed,
+  split_by}.
   Returns {"train", "val", "test"} -> documents: lists, or for a 'prepared:DIR'
   corpus lazy `shards.PreparedDocuments` split as the folder was prepared (its
   manifest's split rule; the config's fractions, split_seed and max_bytes do not apply).
@@ -367,9 +403,15 @@ def load_splits(data_config, corpus: str | None = None) -> dict[str, Sequence[by
   if shards.is_prepared_spec(spec):
     _, readers = shards.open_splits(spec)
     return {name: shards.PreparedDocuments(r) for name, r in readers.items()}
-  docs = corpora.load_documents(spec, data_dir=d.data_dir or None, max_bytes=d.max_bytes or None)
+  data_dir = d.data_dir or None
+  docs = corpora.load_documents(spec, data_dir=data_dir, max_bytes=d.max_bytes or None)
+  units = corpora.document_clusters(spec, docs, data_dir) if d.split_by == "unit" else None
   return split_documents(
-      docs, val_fraction=d.val_fraction, test_fraction=d.test_fraction, seed=d.split_seed
+      docs,
+      val_fraction=d.val_fraction,
+      test_fraction=d.test_fraction,
+      seed=d.split_seed,
+      units=units,
   )
 
 
@@ -424,4 +466,9 @@ def validate(config) -> None:
     raise UserError(
         f"config.data.seq_len={config.data.seq_len} is too short: a sequence needs at least "
         "2 bytes (one input, one target); set --config.data.seq_len=256 or similar."
+    )
+  if config.data.split_by not in SPLIT_BY:
+    raise UserError(
+        f"config.data.split_by={config.data.split_by!r} is not one of {SPLIT_BY}: 'document' "
+        "deals documents to the splits, 'unit' whole works or files."
     )
