@@ -18,8 +18,8 @@ second and kenlm estimates only through its command-line binaries.
 
 A context of k <= 6 symbols of 9 bits and the byte after it pack exactly into one uint64 (62 bits),
 so the counts of each order are one sort of such keys (no hashing, no collisions) and scoring is a
-binary search per order; that caps the order at 7, past the best order of every corpus measured
-(Shakespeare's val bpb rises from order 6 on).
+binary search per order; that caps the order at 7, past Shakespeare's best (its val bpb is lowest
+at order 6 and higher at 7 and 8).
 """
 
 from collections.abc import Sequence
