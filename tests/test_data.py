@@ -361,7 +361,7 @@ def test_build_data_from_config(tmp_path):
           "seed": 0,
           "data": {
               "corpus": str(tmp_path),
-              "data_dir": "",
+              "data_dir": str(tmp_path / "data"),
               "max_bytes": 0,
               "val_fraction": 0.1,
               "test_fraction": 0.1,
@@ -378,8 +378,10 @@ def test_build_data_from_config(tmp_path):
   assert len(data.val_batches) == 2 and data.val_batches[0]["targets"].shape == (8, 32)
   assert data.test_batches is data.test_batches and len(data.test_batches) == 2
   bpb = data.reference_bpb("val")
-  assert set(bpb) == {"gzip", "xz"} and 0 < bpb["xz"] < 8
+  assert set(bpb) == {"gzip", "xz", "ppmd", "ppmd_order", "ngram", "ngram_order", "bytes"}
+  assert 0 < bpb["xz"] < 8 and 0 < bpb["ppmd"] < 8 and 0 < bpb["ngram"] < 8
   assert data.reference_bpb("val") is bpb
+  assert len(list((tmp_path / "data" / "baselines").iterdir())) == 1  # Cached in data_dir.
 
 
 # ---------------------------------------------------------------- compression

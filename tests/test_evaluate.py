@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tokjax import checkpointing, evaluate
+from tokjax.data import baselines, pipeline
 from tokjax.errors import UserError
 
 
@@ -66,7 +67,7 @@ def test_greedy_boundaries_are_deterministic(ckpt):
   assert s0['chunk_hist'] != s1['chunk_hist'] or s0['bpb'] != s1['bpb']
 
 
-def test_report_files(tiny_run, tmp_path):
+def test_report_files(tiny_run, ckpt, tmp_path):
   out = str(tmp_path / 'rep')
   report = evaluate.run_evaluation(tiny_run, split='test', out=out, max_batches=2)
   saved = json.load(open(out + '.json'))
@@ -78,6 +79,10 @@ def test_report_files(tiny_run, tmp_path):
   md = open(out + '.md').read()
   assert f"{report['modes']['sample']['bpb']:.4f}" in md and 'BPE reference' in md
   assert 's.e. (ratio estimator over documents)' in md
+  # The classical baselines of the same split, as the trainer's data gives them.
+  ref = saved['reference_bpb']
+  assert ref == baselines.reference(pipeline.load_splits(ckpt.config.data), 'test')
+  assert f"ppmd-{ref['ppmd_order']} {ref['ppmd']:.3f} | {ref['ngram_order']}-gram" in md
 
 
 def _copy(run, tmp_path, name):

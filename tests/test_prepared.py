@@ -13,7 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from tokjax import paths
-from tokjax.data import compression, corpora, pipeline, prepare, shards
+from tokjax.data import baselines, compression, corpora, pipeline, prepare, shards
 from tokjax.errors import UserError
 
 SEQ_LEN = 16
@@ -107,7 +107,10 @@ def test_prepared_and_in_memory_pipelines_give_the_same_batches(corpus, tmp_path
         batches,
         pipeline.make_eval_batches(in_memory[split], seq_len=SEQ_LEN, batch_size=8, max_batches=3),
     )
-    assert prepared_data.reference_bpb(split) == compression.split_bpb(in_memory[split])
+    ref = prepared_data.reference_bpb(split)
+    assert {k: ref[k] for k in ("gzip", "xz")} == compression.split_bpb(in_memory[split])
+    # Keyed by the shards' checksums, the baselines are those of the same documents in memory.
+    assert ref == baselines.reference(in_memory, split, tmp_path / "data")
     assert prepared_data.num_bytes(split) == sum(map(len, in_memory[split]))
   uncapped = pipeline.make_prepared_eval_batches(
       prepared_data.readers["val"], seq_len=SEQ_LEN, batch_size=8

@@ -10,6 +10,8 @@ the same way) with sampled and with greedy boundaries. Writes FILE_PREFIX.json a
   - doc_bpb: the mean over documents of each document's own bpb, every document cut to its first
     seq_len - 1 bytes and scored alone in one row from BOS (the form of per-document test tables),
     with its standard error (s.d. over documents / sqrt(D)); `one_row_documents`;
+  - reference_bpb: the split's bits per byte under gzip -9 and xz -9 and, on val and test, under
+    PPMd and a byte n-gram LM that have seen the training split (`tokjax.data.baselines`, cached);
   - rate (boundaries per byte), a histogram of bytes per chunk;
   - boundary precision / recall / F1 against whitespace bytes and against BPE token starts (a byte-level
     BPE tokenizer trained on the train split to about the target rate by
@@ -34,7 +36,7 @@ from absl import flags
 import numpy as np
 
 from tokjax import checkpointing, cli, evaluator, paths, significance, stages
-from tokjax.data import pipeline
+from tokjax.data import baselines, compression, pipeline
 from tokjax.errors import UserError
 
 # --------------------------------------------------------------------------------- BPE reference
@@ -69,6 +71,20 @@ def to_markdown(report: dict) -> str:
       f"{report['bytes']} bytes.",
       '',
   ]
+  ref = report.get('reference_bpb')
+  if ref:
+    how = (
+        f" (PPMd of order {ref['ppmd_order']} primed with the train split, an interpolated "
+        f"Witten-Bell byte {ref['ngram_order']}-gram fitted on it; orders chosen on val)"
+        if 'ppmd' in ref
+        else ''
+    )
+    lines += [
+        'Classical references on the same split (its first '
+        f'{compression.SPLIT_MAX_BYTES // 2**20} MiB at most), bits per byte: '
+        f'{baselines.describe(ref)}{how}.',
+        '',
+    ]
   modes = report['modes']
   lines += [
       f'| boundaries | bpb (pooled over bytes) {significance.SE_LABEL} | per-document bpb '
@@ -230,6 +246,7 @@ def run_evaluation(
       'bytes': first['bytes'],
       'max_batches': max_batches,
       'bpe': bpe_info,
+      'reference_bpb': baselines.reference(splits, split, config.data.data_dir or None),
       'modes': modes,
   }
   out = os.fspath(out or paths.join(checkpoint, f'eval_{split}'))  # A local path or URL prefix.

@@ -6,8 +6,9 @@ r"""Train a tokjax model from a config file.
 Writes into config.train.workdir (a local path or a URL such as gs://bucket/run when its filesystem
 package, e.g. gcsfs, is installed): metrics.jsonl, status.json (`write_status`), TensorBoard events
 (tensorboard/), orbax checkpoints (checkpoints/), curves.png, and at the end prints val bits-per-byte
-beside the gzip -9 / xz -9 figures of the same split and, for a hierarchical model, the learned
-segmentation of held-out text.
+beside the gzip -9 / xz -9 figures of the same split and those of PPMd and a byte n-gram LM that have
+seen the training split (tokjax/data/baselines.py; computed once per corpus, then cached) and, for a
+hierarchical model, the learned segmentation of held-out text.
 
 --resume continues from the latest checkpoint that loads (a damaged one is reported and skipped;
 --step=N demands step N); the metrics logged after that step are dropped and logged again. A resume
@@ -42,7 +43,7 @@ from tokjax import (
 from tokjax import evaluator as evaluator_lib
 from tokjax import trainer as trainer_lib
 from tokjax.config import validation as config_validation
-from tokjax.data import pipeline
+from tokjax.data import baselines, pipeline
 from tokjax.errors import Interrupted, UserError
 from tokjax.metric_writers import MetricWriter, plot_curves, read_metrics
 from tokjax.models import interface
@@ -233,8 +234,8 @@ class Reporter:
         else ''
     )
     print(
-        f'  val bpb {significance.format_bpb(val["bpb"], val["bpb_se"])}{greedy} | gzip -9 '
-        f'{ref["gzip"]:.3f} xz -9 {ref["xz"]:.3f}{seg}',
+        f'  val bpb {significance.format_bpb(val["bpb"], val["bpb_se"])}{greedy} | '
+        f'{baselines.describe(ref)}{seg}',
         flush=True,
     )
     # Watch the tokenization form: a held-out line with greedy boundaries (every level).
@@ -255,8 +256,8 @@ class Reporter:
     if self.writer.enabled:
       plot_curves(self.writer.path, png)
     print(
-        f'final val bpb {val["bpb"]:.4f} | gzip -9 {self.ref["gzip"]:.3f} | '
-        f'xz -9 {self.ref["xz"]:.3f} | wall {format_eta(time.time() - self.t0)}'
+        f'final val bpb {val["bpb"]:.4f} | {baselines.describe(self.ref)} | '
+        f'wall {format_eta(time.time() - self.t0)}'
     )
     print(f'wrote {self.writer.path}, {png}, checkpoints in {checkpoint_dir}')
     if self.stages:

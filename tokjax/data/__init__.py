@@ -9,6 +9,8 @@ Modules:
   pipeline: splits, packing, train iterator, eval batches, `build_data(config)`
     (in memory, or 'prepared:DIR' by random access).
   compression: gzip / xz bits-per-byte reference numbers.
+  ngram: a Witten-Bell byte n-gram language model (numpy).
+  baselines: gzip, xz, PPMd and the n-gram as bits-per-byte references of val and test, cached.
 
 This file only names the byte vocabulary (tokjax/vocab.py), so that importing it stays cheap
 (the prepare command must not pull in jax or grain).

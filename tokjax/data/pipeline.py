@@ -25,12 +25,13 @@ bit-reproducible and tiny corpora keep at least one document per split.
 from collections.abc import Sequence
 import dataclasses
 import functools
+import json
 
 import grain
 import jax
 import numpy as np
 
-from tokjax.data import BOS_ID, PAD_ID, compression, corpora, shards
+from tokjax.data import BOS_ID, PAD_ID, baselines, corpora, shards
 from tokjax.errors import UserError
 
 SPLITS = ("train", "val", "test")
@@ -332,6 +333,7 @@ class Data:
     seq_len: L.
     eval_batch_size: rows per eval batch.
     eval_max_batches: cap on eval batches, None for the whole split.
+    data_dir: the data folder, whose baselines/ caches `reference_bpb` ('' = the default).
   """
 
   splits: dict[str, Sequence[bytes]]
@@ -340,7 +342,8 @@ class Data:
   seq_len: int
   eval_batch_size: int
   eval_max_batches: int | None
-  _bpb: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict, repr=False)
+  data_dir: str = ""
+  _bpb: dict[str, dict] = dataclasses.field(default_factory=dict, repr=False)
 
   @functools.cached_property
   def test_batches(self) -> list[dict[str, np.ndarray]]:
@@ -357,10 +360,11 @@ class Data:
   def _eval_source(self, split: str):
     return self.splits[split]
 
-  def reference_bpb(self, split: str) -> dict[str, float]:
-    """{"gzip": bpb, "xz": bpb} of the split (computed once, see compression.py)."""
+  def reference_bpb(self, split: str) -> dict:
+    """{"gzip", "xz"} bpb of the split and, for val and test, those of PPMd and an n-gram that saw
+    train ("ppmd", "ppmd_order", "ngram", "ngram_order"); computed once per corpus: baselines.py."""
     if split not in self._bpb:
-      self._bpb[split] = compression.split_bpb(self.splits[split])
+      self._bpb[split] = baselines.reference(self.splits, split, self.data_dir or None)
     return self._bpb[split]
 
   def num_bytes(self, split: str) -> int:
@@ -371,8 +375,8 @@ class Data:
 
 @dataclasses.dataclass
 class PreparedData(Data):
-  """Data of a prepared corpus: eval batches are read by random access, reference bpb from the
-  manifest (computed at prepare time on the same first compression.SPLIT_MAX_BYTES bytes)."""
+  """Data of a prepared corpus: eval batches are read by random access (reference bpb read only
+  the first bytes of each split, see baselines.py)."""
 
   readers: dict[str, shards.SplitReader] = dataclasses.field(default_factory=dict, repr=False)
   manifest: dict = dataclasses.field(default_factory=dict, repr=False)
@@ -382,10 +386,11 @@ class PreparedData(Data):
   def _eval_source(self, split: str):
     return self.readers[split]
 
-  def reference_bpb(self, split: str) -> dict[str, float]:
-    ref = self.manifest["reference_bpb"].get(split)
-    if ref and split not in self._bpb:
-      self._bpb[split] = {"gzip": ref["gzip"], "xz": ref["xz"]}
+  def reference_bpb(self, split: str) -> dict:
+    if split not in self._bpb and split in baselines.SCORED:
+      # The shards' checksums fix the splits' bytes: a cached lookup then reads none of them.
+      key = json.dumps(self.manifest["splits"], sort_keys=True)
+      self._bpb[split] = baselines.reference(self.splits, split, self.data_dir or None, key)
     return super().reference_bpb(split)
 
 
@@ -413,6 +418,31 @@ def load_splits(data_config, corpus: str | None = None) -> dict[str, Sequence[by
       seed=d.split_seed,
       units=units,
   )
+
+
+def classical_bpb(corpus: str, split: str = "test", data_config=None) -> dict:
+  """{"gzip", "xz", "ppmd", "ngram"} bpb (and "ppmd_order", "ngram_order") of the val or test split
+  of `corpus`, split as `load_splits` splits it under data_config (default: the default config's
+  fractions and seed); computed once, then read from the cache (baselines.py)."""
+  if split not in baselines.SCORED:
+    raise UserError(
+        f"split={split!r}: the baselines that saw train are scored on "
+        f"{' or '.join(baselines.SCORED)} only; pick one of those"
+    )
+  d = data_config or _DefaultSplit()
+  return baselines.reference(load_splits(d, corpus), split, d.data_dir or None)
+
+
+class _DefaultSplit:
+  """The split settings of the default config (tokjax/config/defaults.py), which tokjax.data may
+  not import (a test checks that they agree)."""
+
+  data_dir = ""
+  max_bytes = 0
+  val_fraction = 0.05
+  test_fraction = 0.05
+  split_seed = 0
+  split_by = "document"
 
 
 def build_data(config) -> Data:
@@ -451,6 +481,7 @@ def build_data(config) -> Data:
       seq_len=data_cfg.seq_len,
       eval_batch_size=eval_cfg.batch_size,
       eval_max_batches=max_batches,
+      data_dir=data_cfg.data_dir,
       **extra,
   )
 
