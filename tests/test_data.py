@@ -366,6 +366,7 @@ def test_build_data_from_config(tmp_path):
               "val_fraction": 0.1,
               "test_fraction": 0.1,
               "split_seed": 0,
+              "split_by": "document",
               "seq_len": 32,
               "batch_size": 4,
           },
