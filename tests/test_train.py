@@ -97,6 +97,8 @@ def test_nan_loss_stops_with_a_message_and_keeps_the_checkpoint_valid(tmp_path, 
   c.train.log_every, c.train.checkpoint_every = 2, 2
   with pytest.raises(UserError, match='NaN.*checkpoint step 2 is intact.*--resume'):
     train.train(c)
+  status = train.read_status(str(tmp_path))  # The error that ended it, not 'running'.
+  assert (status['state'], status['step'], status['checkpoint_step']) == ('failed', 4, 2)
   mgr = checkpointing.manager(str(tmp_path))
   assert mgr.latest_step() == 2
   trainer = trainer_lib.Trainer(c, sharding.make_mesh(c.mesh))

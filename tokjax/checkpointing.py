@@ -77,6 +77,7 @@ def save(mgr, step: int, state, data_iterator, config) -> None:
     except Exception as e:  # pylint: disable=broad-except
       cause = write_failure(e)
       if cause is None:
+        sys.unraisablehook, sys.excepthook = hooks
         raise
       held.records.clear()
       _remove_partial(mgr, step)
@@ -144,7 +145,7 @@ def _ignore_abandoned_writes() -> None:
   """When one write fails, orbax leaves its other writes' coroutines pending on an event loop it
   has closed: each reports 'Event loop is closed' when its write ends (during the save or after
   it), and again when the interpreter exits. These reports (up to hundreds of tracebacks) are
-  dropped from here on; every other one still shows."""
+  dropped while a save runs and, once one has failed, for good; every other one still shows."""
 
   def abandoned(exc) -> bool:
     return any(isinstance(exc, t) and text in str(exc) for t, text in _ABANDONED)

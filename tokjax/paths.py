@@ -11,7 +11,8 @@ fails with one UserError line that names the package instead of an ImportError d
   if paths.exists(paths.join(root, 'metrics.jsonl')): ...
 
 Local paths keep their meaning (`~` is expanded); `is_local` tells callers that need a POSIX file
-(the ArrayRecord reader does) whether they have one.
+(the ArrayRecord reader does) whether they have one. `lock` / `is_locked` / `lock_owner`: an
+exclusive file lock (fcntl.flock) on a local file, which a process holds until it ends.
 """
 
 import fcntl

@@ -15,6 +15,12 @@ with another config.train.steps than the run's is refused, since the learning-ra
 that step: --extend_schedule accepts it and says what the schedule becomes. SIGTERM or
 SIGINT (Ctrl-C) finishes the current step, saves a checkpoint and exits with 128 + the signal number,
 printing how to resume; a second signal exits at once. Third-party INFO logs show with --verbosity=0.
+
+A run has one writer: training locks workdir/train.lock (`lock_workdir`) for as long as it runs, so
+another training, a --resume or an --overwrite of that workdir is refused in one line naming the
+process; the kernel drops the lock of a killed process. --overwrite with --resume is refused. A
+checkpoint save whose write fails (disk full, no permission) ends the run in one line naming the
+cause and the intact checkpoint to resume from.
 """
 
 import json
