@@ -177,9 +177,12 @@ from absl import flags
 from tokjax import cli
 module = importlib.import_module(sys.argv[1])
 module.define_flags()
+defined = set(flags.FLAGS)
 ended = []
 for args in json.loads(sys.argv[2]):
   flags.FLAGS.unparse_flags()
+  for name in set(flags.FLAGS) - defined:  # A config file's --config.* flags, defined by the parse.
+    delattr(flags.FLAGS, name)
   sys.argv = [module.__name__, *args]
   err, code = io.StringIO(), 0
   with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

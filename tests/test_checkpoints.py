@@ -118,7 +118,7 @@ def test_resume_without_checkpoint_and_after_the_end(two_step_run, tmp_path, cap
   shutil.rmtree(os.path.join(fresh, 'checkpoints'))
   with pytest.raises(UserError, match='metrics but no checkpoint.*--overwrite'):
     train.train(c, resume=True)
-  train.train(c, resume=True, overwrite=True)
+  train.train(c, overwrite=True)
   assert [r['step'] for r in read_metrics(os.path.join(fresh, 'metrics.jsonl'))] == [3, 3]
   capsys.readouterr()
   # A finished run: say so, exit normally, no NaN.

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import tiny_config, tiny_run_config
+from conftest import command_lines, tiny_config, tiny_run_config
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -97,6 +97,8 @@ def test_nan_loss_stops_with_a_message_and_keeps_the_checkpoint_valid(tmp_path, 
   c.train.log_every, c.train.checkpoint_every = 2, 2
   with pytest.raises(UserError, match='NaN.*checkpoint step 2 is intact.*--resume'):
     train.train(c)
+  status = train.read_status(str(tmp_path))  # The error that ended it, not 'running'.
+  assert (status['state'], status['step'], status['checkpoint_step']) == ('failed', 4, 2)
   mgr = checkpointing.manager(str(tmp_path))
   assert mgr.latest_step() == 2
   trainer = trainer_lib.Trainer(c, sharding.make_mesh(c.mesh))
@@ -191,20 +193,36 @@ def test_command_line_overrides_reach_the_config(tmp_path):
   assert 'learned segmentation of held-out text' in proc.stdout
 
 
-@pytest.mark.parametrize(
-    'args,message',
-    [
-        (('--config.model.bogus=3',), 'unknown config key --config.model.bogus'),
-        (('--config.data.corpus=/no/such/corpus',), "corpus path '/no/such/corpus' does not exist"),
-        (('--config.model.d_model=abc',), 'd_model=abc'),
-    ],
-)
-def test_cli_reports_bad_input_on_one_line_without_traceback(tmp_path, args, message):
-  proc = _cli('--config=configs/default.py', f'--config.train.workdir={tmp_path}/run', *args)
-  assert proc.returncode == 2
-  assert 'Traceback' not in proc.stderr
-  lines = [l for l in proc.stderr.splitlines() if l.startswith('error:')]
-  assert len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+# (flags, words of the one error line); each case trains into its own workdir.
+BAD_INPUT = [
+    (('--config.model.bogus=3',), 'unknown config key --config.model.bogus'),
+    (('--config.data.corpus=/no/such/corpus',), "corpus path '/no/such/corpus' does not exist"),
+    (('--config.model.d_model=abc',), 'd_model=abc'),
+    (
+        ('--config.train.keep_checkpoints=0',),
+        'keep_checkpoints=0 must be a whole number of at least 1',
+    ),
+    (('--config.train.keep_checkpoints=-1',), 'keep_checkpoints=-1 must be a whole number'),
+    (('--config.train.workdir=',), 'config.train.workdir is empty'),
+    (('--overwrite', '--resume'), '--overwrite deletes the run that --resume would continue'),
+]
+# Refused before the workdir is made: nothing is touched.
+UNTOUCHED = ('keep_checkpoints', 'workdir=', '--overwrite')
+
+
+def test_cli_reports_bad_input_on_one_line_without_traceback(tmp_path):
+  argvs = [
+      ['--config=configs/default.py', f'--config.train.workdir={tmp_path}/run{i}', *args]
+      for i, (args, _) in enumerate(BAD_INPUT)
+  ]
+  ended = command_lines('tokjax.train', argvs, cwd=REPO)
+  for i, ((code, err), (args, message)) in enumerate(zip(ended, BAD_INPUT)):
+    assert code == 2, (args, err[-2000:])
+    assert 'Traceback' not in err, (args, err[-2000:])
+    lines = [l for l in err.splitlines() if l.startswith('error:')]
+    assert len(lines) == 1 and message in lines[0], (args, err[-2000:])
+    if any(word in a for a in args for word in UNTOUCHED):
+      assert not os.path.exists(f'{tmp_path}/run{i}'), args
 
 
 def test_existing_run_needs_resume_or_a_new_workdir(tmp_path):

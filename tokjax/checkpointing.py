@@ -14,7 +14,12 @@ step was demanded (`step=`), which then either loads or raises UserError.
 """
 
 import dataclasses
+import errno
 import functools
+import logging
+import os
+import re
+import sys
 
 import grain
 import jax
@@ -42,13 +47,123 @@ def manager(workdir: str, keep: int = 2, create: bool = True) -> ocp.CheckpointM
   )
 
 
+class SaveFailed(Exception):
+  """A checkpoint save whose write failed (disk full, no permission); the steps saved before it are
+  intact. cause: the OS error, e.g. 'No space left on device (ENOSPC)'; last: the newest intact
+  step (None when there is none)."""
+
+  def __init__(self, step: int, directory, cause: str, last: int | None):
+    super().__init__(f'saving checkpoint step {step} in {directory} failed: {cause}')
+    self.step, self.cause, self.last = step, cause, last
+
+
 def save(mgr, step: int, state, data_iterator, config) -> None:
-  """Saves step synchronously: it is complete on disk when this returns."""
+  """Saves step synchronously: it is complete on disk when this returns.
+
+  A write that fails (an OSError: disk full, no permission) raises SaveFailed and leaves no partial
+  step; orbax's own reports of it (an error log with a traceback from each of its writer threads)
+  are dropped, since SaveFailed says the same in one line. Any other error propagates as it is.
+  """
   items = dict(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config.to_dict()))
   if data_iterator is not None:
     items['data'] = grain.checkpoint.CheckpointSave(data_iterator)
-  mgr.save(step, args=ocp.args.Composite(**items), force=True)
-  mgr.wait_until_finished()
+  last = mgr.latest_step()  # Orbax deletes old steps only after a save completes.
+  held, hooks = _HeldLogs(), (sys.unraisablehook, sys.excepthook)
+  _ignore_abandoned_writes()
+  with held:
+    try:
+      mgr.save(step, args=ocp.args.Composite(**items), force=True)
+      mgr.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      cause = write_failure(e)
+      if cause is None:
+        sys.unraisablehook, sys.excepthook = hooks
+        raise
+      held.records.clear()
+      _remove_partial(mgr, step)
+      raise SaveFailed(step, mgr.directory, cause, last) from None
+  sys.unraisablehook, sys.excepthook = hooks  # A failed save keeps them: its writes end later.
+
+
+class _HeldLogs(logging.Filter):
+  """Holds back the log records of a save, to show them after it unless it failed."""
+
+  def __init__(self):
+    super().__init__()
+    self.records: list[logging.LogRecord] = []
+
+  def filter(self, record):
+    self.records.append(record)
+    return False
+
+  def __enter__(self):
+    logging.getLogger('absl').addFilter(self)
+    return self
+
+  def __exit__(self, *exc):
+    logging.getLogger('absl').removeFilter(self)
+    for record in self.records:
+      logging.getLogger(record.name).handle(record)
+
+
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
+def write_failure(e: BaseException | None) -> str | None:
+  """The OS error under a failed save, e.g. 'No space left on device (ENOSPC)', or None when e has
+  none. Python's writes raise OSError; tensorstore's (the arrays) raise ValueError with the code in
+  its text: "... Failed to write ... [os_error_code='28']"."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    code = e.errno if isinstance(e, OSError) else None
+    found = _OS_ERROR_CODE.search(str(e))
+    code = code or (int(found.group(1)) if found else None)
+    if code:
+      return f'{os.strerror(code)} ({errno.errorcode.get(code, code)})'
+    e = e.__cause__ or e.__context__
+  return None
+
+
+def _remove_partial(mgr, step: int) -> None:
+  """Deletes what a failed save of step left (orbax's temporary folder), freeing its space."""
+  try:
+    for path in mgr.directory.iterdir():
+      if path.name.startswith(f'{step}.orbax-checkpoint-tmp'):
+        paths.rmtree(path)
+  except OSError:
+    pass  # A disk that fails its writes may fail this too; restoring skips such folders.
+
+
+_ABANDONED = (
+    (RuntimeError, 'Event loop is closed'),
+    (ImportError, 'sys.meta_path is None'),
+)
+
+
+def _ignore_abandoned_writes() -> None:
+  """When one write fails, orbax leaves its other writes' coroutines pending on an event loop it
+  has closed: each reports 'Event loop is closed' when its write ends (during the save or after
+  it), and again when the interpreter exits. These reports (up to hundreds of tracebacks) are
+  dropped while a save runs and, once one has failed, for good; every other one still shows."""
+
+  def abandoned(exc) -> bool:
+    return any(isinstance(exc, t) and text in str(exc) for t, text in _ABANDONED)
+
+  unraisable, excepthook = sys.unraisablehook, sys.excepthook
+  if getattr(unraisable, 'drops_abandoned_writes', False):
+    return
+
+  def on_unraisable(arg):
+    if not abandoned(arg.exc_value):
+      unraisable(arg)
+
+  def on_exception(kind, value, tb):
+    if not abandoned(value):
+      excepthook(kind, value, tb)
+
+  on_unraisable.drops_abandoned_writes = True  # type: ignore[attr-defined]
+  sys.unraisablehook, sys.excepthook = on_unraisable, on_exception
 
 
 def step_problem(step_dir, items=('state', 'config')) -> str | None:

@@ -11,10 +11,13 @@ fails with one UserError line that names the package instead of an ImportError d
   if paths.exists(paths.join(root, 'metrics.jsonl')): ...
 
 Local paths keep their meaning (`~` is expanded); `is_local` tells callers that need a POSIX file
-(the ArrayRecord reader does) whether they have one.
+(the ArrayRecord reader does) whether they have one. `lock` / `is_locked` / `lock_owner`: an
+exclusive file lock (fcntl.flock) on a local file, which a process holds until it ends.
 """
 
+import fcntl
 import os
+import time
 
 from etils import epath
 
@@ -119,3 +122,51 @@ def absolute(path: str | os.PathLike) -> str:
 def rmtree(path: str | os.PathLike) -> None:
   """Deletes a folder and everything in it; no error if it is already gone."""
   resolve(path).rmtree(missing_ok=True)
+
+
+def lock(path: str | os.PathLike, owner: str, wait_s: float = 0.5) -> int | None:
+  """An exclusive `fcntl.flock` on the local file `path` (created if missing): its file descriptor,
+  or None when another open file holds the lock. The lock lasts until the descriptor is closed or
+  the process ends (the kernel drops it then, so a killed holder leaves no stale lock). Once locked,
+  the file's text becomes `owner`, for those refused to read (`lock_owner`).
+
+  wait_s: how long to keep trying; a reader's `is_locked` probe holds the lock for an instant and must
+  not turn a writer away.
+  """
+  fd = os.open(os.fspath(resolve(path)), os.O_RDWR | os.O_CREAT, 0o644)  # No O_TRUNC: owner's text.
+  deadline = time.monotonic() + wait_s
+  while True:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      break
+    except BlockingIOError:
+      if time.monotonic() >= deadline:
+        os.close(fd)
+        return None
+      time.sleep(0.02)
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, owner.encode(), 0)
+  return fd
+
+
+def lock_owner(path: str | os.PathLike) -> str:
+  """The text the holder of `lock(path)` wrote ('' when none is there yet)."""
+  try:
+    return resolve(path).read_text().strip()
+  except (OSError, UnicodeDecodeError):
+    return ''
+
+
+def is_locked(path: str | os.PathLike) -> bool:
+  """Whether a process holds `lock(path)` now (False when the file does not exist)."""
+  try:
+    fd = os.open(os.fspath(resolve(path)), os.O_RDONLY)
+  except FileNotFoundError:
+    return False
+  try:
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    return False
+  except BlockingIOError:
+    return True
+  finally:
+    os.close(fd)  # Closing drops the shared lock, if taken.

@@ -16,18 +16,27 @@ with another config.train.steps than the run's is refused, since the learning-ra
 that step: --extend_schedule accepts it and says what the schedule becomes. SIGTERM or
 SIGINT (Ctrl-C) finishes the current step, saves a checkpoint and exits with 128 + the signal number,
 printing how to resume; a second signal exits at once. Third-party INFO logs show with --verbosity=0.
+
+A run has one writer: training locks workdir/train.lock (`lock_workdir`) for as long as it runs, so
+another training, a --resume or an --overwrite of that workdir is refused in one line naming the
+process; the kernel drops the lock of a killed process. --overwrite with --resume is refused. A
+checkpoint save whose write fails (disk full, no permission) ends the run in one line naming the
+cause and the intact checkpoint to resume from.
 """
 
 import json
 import os
 import shlex
 import signal
+import socket
 import sys
 import time
 
 from absl import flags
 import jax
+from jax.experimental import multihost_utils
 from ml_collections import config_flags
+import numpy as np
 
 from tokjax import (
     checkpointing,
@@ -48,39 +57,49 @@ from tokjax.errors import Interrupted, UserError
 from tokjax.metric_writers import MetricWriter, plot_curves, read_metrics
 from tokjax.models import interface
 
-if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
-  _CONFIG = config_flags.DEFINE_config_file(
-      'config', 'configs/default.py', 'Config file (ml_collections).'
-  )
-  _RESUME = flags.DEFINE_bool(
-      'resume', False, 'Continue from the latest checkpoint in the workdir.'
-  )
-  _STEP = flags.DEFINE_integer(
+
+def define_flags():
+  """The command-line flags (defined only when this module is the entry point, so that the other
+  tools can import it without clashing flag names)."""
+  config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config file (ml_collections).')
+  flags.DEFINE_bool('resume', False, 'Continue from the latest checkpoint in the workdir.')
+  flags.DEFINE_integer(
       'step', None, 'With --resume: continue from this checkpoint step (newer steps are discarded).'
   )
-  _OVERWRITE = flags.DEFINE_bool(
+  flags.DEFINE_bool(
       'overwrite', False, "Delete the workdir's metrics and checkpoints and train from scratch."
   )
-  _EXTEND_SCHEDULE = flags.DEFINE_bool(
+  flags.DEFINE_bool(
       'extend_schedule',
       False,
       'With --resume and a changed --config.train.steps: decay the learning-rate schedule to the '
       'new last step (without it such a resume is refused).',
   )
 
+
 RUN_FILES = ('metrics.jsonl', 'status.json', 'tensorboard', 'checkpoints', 'curves.png')
+# In the workdir, held by the training process while it runs (`lock_workdir`). Not a run file: it is
+# never deleted, since a process that opened it before the deletion would lock a file no one sees.
+LOCK_FILE = 'train.lock'
 
 
 def write_status(workdir: str, state: str, step: int, checkpoint_step: int | None) -> None:
   """workdir/status.json := how the run stands, for tools that watch it (tokjax.lab.chaos) rather
-  than read its console: state ('running' from the first step's compilation on, 'finished',
-  'stopped'), the last step done, the last checkpoint step (None before the first) and the pid of
-  the process. Replaced atomically: a reader never sees half a file."""
+  than read its console: state ('running' from the first step's compilation on, then 'finished',
+  'stopped' by a signal or Ctrl-C, or 'failed' by an error), the last step done, the last checkpoint
+  step (None before the first), and the pid and host of the process. Replaced atomically: a reader
+  never sees half a file. A killed process writes no end: `read_status` tells that case."""
   if jax.process_index() != 0:
     return
   path = paths.join(workdir, 'status.json')
   text = json.dumps(
-      {'state': state, 'step': step, 'checkpoint_step': checkpoint_step, 'pid': os.getpid()}
+      {
+          'state': state,
+          'step': step,
+          'checkpoint_step': checkpoint_step,
+          'pid': os.getpid(),
+          'host': socket.gethostname(),
+      }
   )
   if not paths.is_local(workdir):
     path.write_text(text)  # One object upload: atomic on cloud storage.
@@ -90,9 +109,98 @@ def write_status(workdir: str, state: str, step: int, checkpoint_step: int | Non
   os.replace(tmp, path)
 
 
-def prepare_workdir(workdir: str, resume: bool, overwrite: bool = False) -> None:
-  """Checks the workdir (a local path or URL, see tokjax.paths) is writable and holds no other run
-  (or clears it with overwrite). A URL whose filesystem package is missing raises UserError."""
+def read_status(workdir: str) -> dict | None:
+  """The run's status.json (`write_status`), or None before its first; 'running' reads 'dead' when
+  the process that wrote it is gone (killed, so that it wrote no end): the workdir's lock is free,
+  or, without a lock file (a run of an earlier version, a URL workdir), its pid is no live process
+  on this host."""
+  path = paths.join(workdir, 'status.json')
+  if not path.exists():
+    return None
+  status = json.loads(path.read_text())
+  if status.get('state') == 'running' and not _writer_alive(workdir, status):
+    status['state'] = 'dead'
+  return status
+
+
+def _writer_alive(workdir: str, status: dict) -> bool:
+  if paths.is_local(workdir) and paths.join(workdir, LOCK_FILE).exists():
+    return paths.is_locked(paths.join(workdir, LOCK_FILE))
+  if status.get('host', socket.gethostname()) != socket.gethostname():
+    return True  # Its pid means nothing here.
+  try:
+    os.kill(int(status['pid']), 0)
+  except ProcessLookupError:
+    return False
+  except (PermissionError, KeyError, TypeError, ValueError):
+    pass  # Another user's live process, or no pid recorded: say nothing new.
+  return True
+
+
+class RunStatus:
+  """status.json of the run in progress: the state the loop last wrote, and the step it has reached,
+  for the end it comes to (`end`)."""
+
+  def __init__(self, workdir: str, step: int, checkpoint_step: int | None):
+    self.workdir, self.step, self.checkpoint_step = workdir, step, checkpoint_step
+
+  def write(self, state: str) -> None:
+    write_status(self.workdir, state, self.step, self.checkpoint_step)
+
+  def end(self, state: str) -> None:
+    """write(state), when the run ends by a signal or an error: a disk that failed a write may fail
+    this one too, and the error that ended the run is the one to show."""
+    try:
+      self.write(state)
+    except OSError:
+      pass
+
+
+def lock_workdir(workdir: str) -> int | None:
+  """Claims the workdir for this training run: an exclusive lock on workdir/train.lock, held until
+  the returned file descriptor is closed or the process ends (a killed run leaves no stale lock).
+  Returns None where this process takes no lock: a multi-process job's other processes (process 0,
+  which writes the metrics and status, holds it for the job) and a URL workdir (no file locks there).
+
+  Raises UserError naming the process that holds it, in every process of the job.
+  """
+  fd, holder = None, 0
+  if jax.process_index() == 0 and paths.is_local(workdir):
+    path = paths.join(workdir, LOCK_FILE)
+    fd = paths.lock(path, owner=f'{os.getpid()} {socket.gethostname()}')
+    if fd is None:
+      holder = _lock_holder(workdir) or -1
+  if jax.process_count() > 1:  # Every process stops, not only the one that tried.
+    holder = int(multihost_utils.broadcast_one_to_all(np.int32(holder)))
+  if holder:
+    who = f'process {holder}' if holder > 0 else 'another process'
+    stop = f'stop it (kill -TERM {holder} saves a checkpoint)' if holder > 0 else 'stop it'
+    raise UserError(
+        f'{workdir} is in use: {who} is training there (it holds {LOCK_FILE}); wait for it to '
+        f'end or {stop} before you resume or overwrite it, or choose another '
+        '--config.train.workdir.'
+    )
+  return fd
+
+
+def _lock_holder(workdir: str) -> int:
+  """The holder's pid from the lock file, or from status.json when the holder has not written it
+  there yet; 0 when neither names one."""
+  words = paths.lock_owner(paths.join(workdir, LOCK_FILE)).split()
+  if words and words[0].isdigit():
+    return int(words[0])
+  try:
+    status = read_status(workdir) or {}
+  except (OSError, ValueError):
+    status = {}
+  pid = status.get('pid')
+  return pid if isinstance(pid, int) and status.get('state') == 'running' else 0
+
+
+def prepare_workdir(workdir: str, resume: bool, overwrite: bool = False) -> int | None:
+  """Checks the workdir (a local path or URL, see tokjax.paths) is writable, claims it
+  (`lock_workdir`: returns the lock to hold while training) and checks it holds no other run (or
+  clears it with overwrite). A URL whose filesystem package is missing raises UserError."""
   root = paths.resolve(workdir)
   try:
     root.mkdir(parents=True, exist_ok=True)
@@ -104,19 +212,30 @@ def prepare_workdir(workdir: str, resume: bool, overwrite: bool = False) -> None
         f'cannot write to workdir {workdir!r} ({e.strerror or e}); choose a writable folder '
         'with --config.train.workdir=PATH.'
     ) from None
-  if overwrite:
-    for name in RUN_FILES:
-      path = root / name
-      if path.is_dir():
-        path.rmtree()
-      elif path.exists():
-        path.unlink()
-    return
-  if not resume and (root / 'metrics.jsonl').exists():
-    raise UserError(
-        f'{workdir} already holds a run; pass --resume to continue it, --overwrite to replace it, '
-        'or choose a new --config.train.workdir.'
-    )
+  lock = lock_workdir(workdir)
+  try:
+    if overwrite:
+      for name in RUN_FILES:
+        path = root / name
+        if path.is_dir():
+          path.rmtree()
+        elif path.exists():
+          path.unlink()
+    elif not resume and (root / 'metrics.jsonl').exists():
+      raise UserError(
+          f'{workdir} already holds a run; pass --resume to continue it, --overwrite to replace '
+          'it, or choose a new --config.train.workdir.'
+      )
+  except BaseException:
+    release(lock)
+    raise
+  return lock
+
+
+def release(lock: int | None) -> None:
+  """Gives up the workdir's lock (`lock_workdir`), if this process holds it."""
+  if lock is not None:
+    os.close(lock)
 
 
 def format_eta(seconds: float) -> str:
@@ -273,8 +392,8 @@ class StopSignals:
   makes every host stop (and save) at the same step; only SIGINT is handled here then.
   """
 
-  def __init__(self, mgr):
-    self.mgr, self.signum = mgr, None
+  def __init__(self, mgr, on_exit=lambda: None):
+    self.mgr, self.signum, self.on_exit = mgr, None, on_exit
     self.multihost = jax.process_count() > 1
     self.previous = {}
 
@@ -295,6 +414,7 @@ class StopSignals:
     del frame
     if self.signum is not None:
       print(f'\nsecond {signal.Signals(signum).name}: exiting at once', file=sys.stderr, flush=True)
+      self.on_exit()
       os._exit(128 + signum)  # pylint: disable=protected-access
     self.signum = signum
     print(
@@ -360,13 +480,32 @@ def train(
     overwrite: bool = False,
     extend_schedule: bool = False,
 ) -> dict:
-  """Runs training; returns the final val metrics. Raises UserError for fixable input problems and
-  Interrupted after saving when a stop signal arrives. extend_schedule: see `initial_state`."""
+  """Runs training; returns the final val metrics. Raises UserError for fixable input problems (a
+  workdir another process trains in among them) and Interrupted after saving when a stop signal
+  arrives. The workdir stays locked while this runs (`lock_workdir`). extend_schedule: see
+  `initial_state`."""
+  if overwrite and resume:  # Before anything is touched: which one was meant is unknowable.
+    raise UserError(
+        '--overwrite deletes the run that --resume would continue; pass --resume to continue it '
+        'or --overwrite to train it again from scratch, not both.'
+    )
+  if not str(config.train.workdir).strip():
+    raise UserError(
+        'config.train.workdir is empty; pass the run folder, e.g. --config.train.workdir=runs/NAME.'
+    )
   config_validation.validate(config)
   if extend_schedule and not resume:
     raise UserError("--extend_schedule stretches a resumed run's schedule: pass --resume with it.")
   distributed.maybe_initialize(config.mesh.multihost)  # Before anything touches JAX.
-  prepare_workdir(config.train.workdir, resume, overwrite)
+  lock = prepare_workdir(config.train.workdir, resume, overwrite)
+  try:
+    return _train(config, resume, step, extend_schedule)
+  finally:
+    release(lock)
+
+
+def _train(config, resume: bool, step: int | None, extend_schedule: bool) -> dict:
+  """`train` in a workdir this process has claimed."""
   mesh = sharding.make_mesh(config.mesh)
   data = pipeline.build_data(config)
   trainer = trainer_lib.Trainer(config, mesh)
@@ -380,17 +519,44 @@ def train(
     return finished(config, start)
   report = Reporter(config, trainer, data, start, restored)
   report.header(mesh)
-  saved = start if restored else None
-  write_status(config.train.workdir, 'running', start, saved)
+  status = RunStatus(config.train.workdir, start, start if restored else None)
+  status.write('running')
+  try:
+    state, val = _loop(config, trainer, data, mgr, state, report, status, train_key, eval_key)
+  except checkpointing.SaveFailed as e:
+    status.end('failed')
+    advice = (
+        f'checkpoint step {e.last} is intact: free disk space or fix the permissions of '
+        f'{mgr.directory}, then resume with: {resume_command()}'
+        if e.last is not None
+        else 'no checkpoint was saved before it: free disk space or fix the permissions of '
+        f'{mgr.directory} and train again'
+    )
+    raise UserError(f'{e}; {advice}') from None
+  except (Interrupted, KeyboardInterrupt):
+    status.end('stopped')
+    raise
+  except Exception:
+    status.end('failed')
+    raise
+  status.write('finished')
+  report.finish(val, state.params, eval_key, str(mgr.directory))
+  return val
+
+
+def _loop(config, trainer, data, mgr, state, report, status, train_key, eval_key):
+  """The training steps from state.step to config.train.steps: (final state, last val metrics)."""
+  total, start = config.train.steps, int(state.step)
   evaluator, val, bad_at_start = evaluator_lib.Evaluator(trainer), {}, int(state.nonfinite)
   every = lambda done, n: done % n == 0 or done == total
   profiler = profiling.StepProfiler.from_config(config)  # Off unless config.train.profile_steps.
-  with StopSignals(mgr) as signals:
+  with StopSignals(mgr, on_exit=lambda: status.end('stopped')) as signals:
     for done in range(start + 1, total + 1):
       profiler.before_step(done)
       state, metrics = trainer.train_step(
-          state, sharding.global_batch(next(data.train_iter), mesh), train_key
+          state, sharding.global_batch(next(data.train_iter), trainer.mesh), train_key
       )
+      status.step = done
       profiler.after_step(done, metrics)
       if done == start + 1:
         jax.block_until_ready(metrics)
@@ -408,20 +574,17 @@ def train(
       stop = signals.stop(done)
       if every(done, t.checkpoint_every) or stop:
         checkpointing.save(mgr, done, state, data.train_iter, config)
-        saved = done
-        write_status(config.train.workdir, 'running', done, saved)
+        status.checkpoint_step = done
+        status.write('running')
       if stop and done < total:
         report.writer.close()
-        write_status(config.train.workdir, 'stopped', done, saved)
         raise Interrupted(
             f'stopped by {signal.Signals(signals.signum).name} after step {done}: checkpoint saved '
             f'in {mgr.directory}; resume with: {resume_command()}',
             signals.signum,
         )
   profiler.close()
-  write_status(config.train.workdir, 'finished', total, saved)
-  report.finish(val, state.params, eval_key, str(mgr.directory))
-  return val
+  return state, val
 
 
 def check_finite(state, bad_at_start: int, done: int, mgr) -> None:
@@ -458,14 +621,16 @@ def finished(config, step: int) -> dict:
 
 def main(argv):
   del argv
+  f = flags.FLAGS
   train(
-      _CONFIG.value,
-      resume=_RESUME.value,
-      step=_STEP.value,
-      overwrite=_OVERWRITE.value,
-      extend_schedule=_EXTEND_SCHEDULE.value,
+      f.config,
+      resume=f.resume,
+      step=f.step,
+      overwrite=f.overwrite,
+      extend_schedule=f.extend_schedule,
   )
 
 
 if __name__ == '__main__':
+  define_flags()
   cli.run(main)

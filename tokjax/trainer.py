@@ -91,6 +91,13 @@ def validate(config) -> None:
   for field in ('steps', 'log_every', 'eval_every', 'checkpoint_every'):
     if not config.train[field] > 0:
       raise UserError(f'config.train.{field}={config.train[field]!r} must be a positive number.')
+  keep = config.train.keep_checkpoints
+  if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+    # 0 would keep no checkpoint at all (nothing to resume or evaluate), and orbax rejects < 0.
+    raise UserError(
+        f'config.train.keep_checkpoints={keep!r} must be a whole number of at least 1 (the newest '
+        'checkpoints kept in the workdir); e.g. --config.train.keep_checkpoints=2.'
+    )
   for field in ('lr', 'policy_lr_factor'):
     if not config.optim[field] > 0:
       raise UserError(f'config.optim.{field}={config.optim[field]!r} must be positive.')
