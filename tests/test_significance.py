@@ -148,6 +148,53 @@ def test_the_rule_combines_errors_where_the_larger_of_the_two_would_find():
   assert math.isnan(significance.judge(0.05, 0.01, 1)['p'])  # One cluster has no df.
 
 
+def test_holm_against_hand_computed_values():
+  # Sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> 0.06 (monotone).
+  assert significance.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+  assert significance.holm([0.3, 0.5]) == pytest.approx([0.6, 0.6])
+  assert significance.holm([0.6, 0.02, 0.9]) == [1.0, pytest.approx(0.06), 1.0]  # Capped at 1.
+  assert significance.holm([0.04]) == [0.04] and significance.holm([]) == []
+
+
+def test_holm_leaves_comparisons_without_a_p_out_of_the_family():
+  adjusted = significance.holm([0.01, None, math.nan, 0.04])
+  assert adjusted[0] == pytest.approx(0.02) and adjusted[3] == pytest.approx(0.04)  # m = 2, not 4.
+  assert adjusted[1] is None and math.isnan(adjusted[2])
+  assert significance.holm([None, math.nan])[0] is None
+
+
+def test_holm_is_never_below_the_raw_p_and_keeps_its_order():
+  rng = np.random.default_rng(0)
+  for m in (1, 2, 5, 12):
+    for _ in range(50):
+      p = rng.uniform(0, 1, m) ** 3  # Many small ones, so the cap and the running max both act.
+      adjusted = np.array(significance.holm(p))
+      assert np.all(adjusted >= p) and np.all(adjusted <= 1)
+      order = np.argsort(p)
+      assert np.all(np.diff(adjusted[order]) >= 0)
+      assert adjusted[order[-1]] == min(1.0, max(adjusted[order[-2]] if m > 1 else 0, p.max()))
+
+
+def test_a_family_is_judged_by_its_adjusted_p():
+  # Raw p 0.030 (t = 2.4, df 14.8), 0.0020 (t = 4.5, df 8) and a one-seed 0.038 (t = 2.8, df 5).
+  judged = [
+      significance.judge(0.024, 0.008, 9, 0.006, 9),
+      significance.judge(0.045, 0.01, 9, 0.0001, 40),
+      significance.judge(0.028, 0.01, 6),
+  ]
+  assert [j['verdict'] for j in judged] == ['found', 'found', 'one seed']
+  out = significance.judge_family(judged + [significance.judge(0.1, math.nan, 8)], 'test')
+  assert [j['p_holm'] for j in out[:3]] == pytest.approx(
+      significance.holm([j['p'] for j in judged])
+  )
+  # Holm by hand: 3 x 0.0020, then 2 x 0.030 = 0.060, then max(0.060, 1 x 0.038).
+  assert out[1]['p_holm'] == pytest.approx(3 * judged[1]['p'])
+  assert out[0]['p_holm'] == out[2]['p_holm'] == pytest.approx(2 * judged[0]['p'])
+  assert [j['verdict'] for j in out] == ['not found', 'found', 'not found', 'not found']
+  assert {j['family'] for j in out} == {'test'} and {j['family_size'] for j in out} == {3}
+  assert out[0]['p'] == judged[0]['p']  # The raw p stays beside the adjusted one.
+
+
 def test_a_printed_p_stays_on_its_side_of_the_level():
   assert significance.format_p(0.0496) == '0.0496'  # '0.05' would read as not found.
   assert significance.format_p(0.18) == '0.18' and significance.format_p(3.2e-7) == '3.2e-07'

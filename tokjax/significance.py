@@ -5,7 +5,8 @@ unit); `paired_difference` compares two models on the same scoring units, with t
 error and the clustered one (the windows of one document, or of one of the corpus's independent
 units such as a play, are correlated: `tokjax.data.corpora.document_clusters`); `judge` is the
 rule every table uses (`RULE`): a t-test of the difference against its clustered and seed errors
-combined in quadrature. `tokjax.evaluator` produces the per-unit numbers these read.
+combined in quadrature, Holm-adjusted over the comparisons of one table (`holm`,
+`judge_family`). `tokjax.evaluator` produces the per-unit numbers these read.
 """
 
 import math
@@ -141,12 +142,51 @@ def paired_difference(ce_a, ce_b, nbytes, clusters=None) -> dict:
   return out
 
 
-LEVEL = 0.05  # A difference is found when its two-sided p is below this.
-RULE = (
-    'found when |d| > t(0.975, df) x sqrt(clustered s.e.^2 + seed s.e.^2) (two-sided p < 0.05; df '
-    'by Welch-Satterthwaite from clusters - 1 and seeds - 1); with one seed the clustered s.e. '
-    'alone (df = clusters - 1), and a difference beyond it reads "one seed"'
+LEVEL = 0.05  # A difference is found when its Holm-adjusted two-sided p is below this.
+FAMILY = (
+    'the comparisons of one table with its reference at one (corpus, budget, seq_len) cell, one '
+    "per method or variant (a row at another lr stands in for its method's row); out of domain, "
+    'each cross corpus its own family'
 )
+RULE = (
+    "found when the two-sided p of |d| / sqrt(clustered s.e.^2 + seed s.e.^2) under Student's t "
+    '(df by Welch-Satterthwaite from clusters - 1 and seeds - 1), Holm-adjusted over its family '
+    f'({FAMILY}), is below 0.05; with one seed the clustered s.e. alone (df = clusters - 1), and a '
+    'difference whose adjusted p is below 0.05 reads "one seed"'
+)
+
+
+def holm(p_values) -> list:
+  """Holm's step-down adjustment of a family of p-values, in their order.
+
+  The i-th smallest of the m p-values that exist becomes max over j <= i of (m - j + 1) p_(j),
+  capped at 1: never below its raw p, and in the raw p's order. A comparison without a p (None or
+  NaN: a difference with no error to judge it by) is no test, so it is left out of the family (m
+  counts the others) and keeps what it had.
+  """
+  p_values = list(p_values)
+  present = [i for i, p in enumerate(p_values) if p is not None and not math.isnan(p)]
+  out = list(p_values)
+  running = 0.0
+  for rank, i in enumerate(sorted(present, key=lambda i: p_values[i])):
+    running = max(running, min(1.0, (len(present) - rank) * float(p_values[i])))
+    out[i] = running
+  return out
+
+
+def judge_family(judged, family: str) -> list[dict]:
+  """`judge` results of one family (`FAMILY`) judged by their Holm-adjusted p: each gets 'p_holm'
+  (`holm` of the family's 'p'), 'family' (its name) and 'family_size' (how many carry a p), and a
+  'verdict' of 'not found' where the adjusted p is not below LEVEL ('found' or 'one seed' stay:
+  the raw p is no larger than the adjusted one)."""
+  judged = list(judged)
+  adjusted = holm([j['p'] for j in judged])
+  size = sum(p is not None and not math.isnan(p) for p in adjusted)
+  out = []
+  for j, p in zip(judged, adjusted):
+    verdict = j['verdict'] if p < LEVEL else 'not found'  # NaN < LEVEL is False.
+    out.append(j | {'p_holm': p, 'family': family, 'family_size': size, 'verdict': verdict})
+  return out
 
 
 def welch_df(parts) -> float:
@@ -177,7 +217,8 @@ def judge(
     {'combined_se': sqrt(clustered_se^2 + seed_se^2) (clustered_se alone with one seed), 'df': its
     Welch-Satterthwaite degrees of freedom, 't': |diff| / combined_se, 'p': the two-sided p of t
     under Student's t with df, 'verdict': 'found' when p < LEVEL with two seeds or more, 'one seed'
-    when p < LEVEL with one, else 'not found' (inside the error, or an error is NaN)}.
+    when p < LEVEL with one, else 'not found' (inside the error, or an error is NaN)}: the verdict
+    of one comparison alone; a table of several judges them by `judge_family`.
   """
   from scipy import stats  # pylint: disable=g-import-not-at-top  (a dependency of jax)
 
@@ -197,8 +238,8 @@ def judge(
 
 
 def margin(judged: dict) -> float:
-  """t(1 - LEVEL / 2, df) x combined s.e. of a `judge` result: the difference is found when it lies
-  beyond +- this (0 where the rule had no error to judge by)."""
+  """t(1 - LEVEL / 2, df) x combined s.e. of a `judge` result: the difference is beyond it when its
+  raw p is below LEVEL, before any Holm adjustment (0 where the rule had no error to judge by)."""
   from scipy import stats  # pylint: disable=g-import-not-at-top  (a dependency of jax)
 
   if math.isnan(judged['df']):

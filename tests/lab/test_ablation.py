@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tokjax import models
+from tokjax import models, significance
 from tokjax.errors import UserError
 from tokjax.lab import ablation, ladder
 from tokjax.models import boundaries as bd
@@ -30,7 +30,13 @@ def _run(seed, unit_ce, overrides=(), last_greedy=0.95, documents=(0, 0, 1, 1)):
   }
   return {
       'run': dict(
-          method='policy', budget=4e6, seed=seed, seq_len=256, lr=8e-3, overrides=overrides
+          method='policy',
+          budget=4e6,
+          seed=seed,
+          seq_len=256,
+          lr=8e-3,
+          overrides=overrides,
+          corpus='shakespeare',
       ),
       'test': split,
       'test_greedy': {'bpb': bpb, 'rate': 0.21, 'whitespace_recall': 0.9 + 0.01 * seed},
@@ -72,6 +78,30 @@ def test_a_difference_inside_the_seed_spread_is_not_found():
   noisy = [_run(s, [x + d for x in base]) for s, d in ((0, -1.0), (1, 1.5), (2, 0.1))]
   rows = {r['variant']: r for r in ablation.summarize({'full': full, 'w8': noisy})}
   assert rows['w8']['paired']['verdict'] == 'not found'
+
+
+def test_the_variants_of_a_table_are_one_family_judged_by_their_holm_adjusted_p():
+  base = [10.0, 12.0, 9.0, 11.0]
+  full = [_run(s, base) for s in (0, 1, 2)]
+  # Two leads found alone (a seed spread of 0.2 nats), a large one, and one with no spread at all.
+  variants = {
+      name: [_run(s, [x + d + 0.2 * (s % 2) for x in base]) for s in (0, 1, 2)]
+      for name, d in (('gamma1', 0.3), ('w8', 0.3), ('no_rate_loss', 3.0))
+  }
+  rows = ablation.summarize({'full': full} | variants)
+  paired = {r['variant']: r['paired'] for r in rows if 'paired' in r}
+  raw = [paired[v]['p'] for v in variants]
+  assert [paired[v]['p_holm'] for v in variants] == pytest.approx(significance.holm(raw))
+  assert raw[0] < 0.05 <= paired['gamma1']['p_holm'] and paired['gamma1']['verdict'] == 'not found'
+  assert paired['no_rate_loss']['verdict'] == 'found'
+  assert {p['family'] for p in paired.values()} == {'shakespeare test, 4e+06 B, L 256'}
+  assert {p['family_size'] for p in paired.values()} == {3}
+  table = '\n'.join(
+      ablation.markdown(rows, {'budget': 4e6, 'corpus': 'x', 'lr': 8e-3, 'reference': 'full'})
+  )
+  assert '| p | p (Holm) | verdict |' in table and 'Holm-adjusted' in table
+  gamma1 = next(line for line in table.splitlines() if line.startswith('| gamma1 '))
+  assert f'| {significance.format_p(paired["gamma1"]["p_holm"])} | not found |' in gamma1
 
 
 def test_variants_default_to_the_papers_table_and_take_new_ones():

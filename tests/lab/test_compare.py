@@ -112,7 +112,12 @@ def test_compare_runs_methods_end_to_end(tmp_path, toy_method):
     assert p['diff'] == pytest.approx(by[m][split]['bpb'] - by['policy'][split]['bpb'], abs=1e-9)
     assert p['units'] == p['clusters'] == 2
     assert p['clustered_se'] == pytest.approx(p['se'], rel=1e-9)
-    assert p['verdict'] == significance.judge(p['diff'], p['clustered_se'], 2)['verdict']
+    alone = significance.judge(p['diff'], p['clustered_se'], 2)
+    family = [q for q in data['paired'] if q['split'] == split]
+    assert p['family'] == f'{split} vs policy' and p['family_size'] == len(SOME_METHODS) - 1
+    assert p['p'] == alone['p']
+    assert p['p_holm'] == significance.holm([q['p'] for q in family])[family.index(p)]
+    assert p['verdict'] == (alone['verdict'] if p['p_holm'] < 0.05 else 'not found')
   assert '## Paired differences to policy' in table and '| clustered s.e. |' in table
   # The added rule, given its config section, trains without a policy gradient and hits its
   # definition on the held-out passage: every chunk but the last (closed by the forced final

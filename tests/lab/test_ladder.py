@@ -28,7 +28,9 @@ def _result(method, seed, unit_ce, bpb, budget=1e6, documents=None, clusters=Non
   split['unit_documents'] = documents
   split['unit_clusters'] = documents if clusters is None else clusters
   return {
-      'run': dict(method=method, budget=budget, seed=seed, seq_len=256, lr=2e-3),
+      'run': dict(
+          method=method, budget=budget, seed=seed, seq_len=256, lr=2e-3, corpus='shakespeare'
+      ),
       'val': dict(split),
       'test': dict(split),
       'cross': {},
@@ -221,6 +223,36 @@ def test_trend_fits_each_paired_difference_over_budgets_and_checks_the_papers_or
   noisy += [_noisy('hnet', s, base, 1.0 + 3.0 * s, 4e6) for s in seeds]
   t = ladder_report.trend(ladder_report.summarize(noisy, 'policy'), 'policy')[256]
   assert t['rungs'][4e6]['hnet']['verdict'] == 'not found' and t['ordering'][4e6] == 'does not hold'
+
+
+def test_a_rung_judges_its_methods_by_their_holm_adjusted_p():
+  base = [10.0, 12.0, 9.0, 11.0, 10.5, 11.5, 9.5, 12.5]
+  seeds = (0, 1, 2)
+  results = [_noisy('policy', s, base, 0.0, 4e6) for s in seeds]
+  # Two small leads over a seed spread of 0.2 nats, each found alone (p 0.03), and a large one.
+  results += [
+      _noisy(m, s, base, d + 0.2 * (s % 2), 4e6)
+      for m, d in (('hnet', 0.3), ('uniform', 0.3), ('bpe', 3.0))
+      for s in seeds
+  ]
+  slow = _noisy('hnet', 0, base, 2.0, 4e6)  # Worse on val: not H-Net's best lr.
+  slow['run']['lr'] = 4e-3
+  rows = ladder_report.summarize(results + [slow], 'policy')
+  best = {r['method']: r['paired'] for r in rows if r.get('paired') and r['best_lr']}
+  assert set(best) == {'hnet', 'uniform', 'bpe'}
+  raw = [best[m]['p'] for m in ('hnet', 'uniform', 'bpe')]
+  adjusted = significance.holm(raw)
+  assert [best[m]['p_holm'] for m in ('hnet', 'uniform', 'bpe')] == pytest.approx(adjusted)
+  assert raw[0] < 0.05 <= adjusted[0] and best['hnet']['verdict'] == 'not found'
+  assert adjusted[0] == pytest.approx(2 * raw[0])  # The two small ones: 2 p, then max(2 p, p).
+  assert best['bpe']['verdict'] == 'found' and best['bpe']['family_size'] == 3
+  assert best['hnet']['family'] == 'shakespeare test, 4e+06 B, L 256'
+  # H-Net at its other lr stands in for H-Net's row in a family of the same size.
+  other = next(r['paired'] for r in rows if r['method'] == 'hnet' and not r['best_lr'])
+  assert other['family_size'] == 3
+  assert other['p_holm'] == pytest.approx(significance.holm([other['p']] + raw[1:])[0])
+  t = ladder_report.trend(rows, 'policy')[256]['rungs'][4e6]
+  assert t['hnet']['p_holm'] == pytest.approx(adjusted[0]) and t['hnet']['verdict'] == 'not found'
 
 
 @pytest.fixture(scope='module')

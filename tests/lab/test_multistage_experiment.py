@@ -83,9 +83,11 @@ def test_multistage_trains_runs_at_equal_flops_and_reports_each_level(tmp_path):
         per_doc(a['unit_ce']), per_doc(b['unit_ce']), per_doc(a['unit_bytes'])
     )
     assert p['clustered_se'] == pytest.approx(by_doc['se'], rel=1e-9)
-    assert (
-        p['verdict'] == significance.judge(p['diff'], p['clustered_se'], p['clusters'])['verdict']
-    )
+    alone = significance.judge(p['diff'], p['clustered_se'], p['clusters'])
+    family = [q for q in data['paired'] if q['split'] == split]
+    assert p['family'] == f'{split} vs one_stage' and p['family_size'] == len(family)
+    assert p['p_holm'] == significance.holm([q['p'] for q in family])[family.index(p)]
+    assert p['verdict'] == (alone['verdict'] if p['p_holm'] < 0.05 else 'not found')
   assert '## Paired differences to the one-stage run' in readme and '| clustered s.e. |' in readme
 
 

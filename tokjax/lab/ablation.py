@@ -11,7 +11,8 @@ policy is w = 1 with the plain logit v + b; 'w8' is w = 8 with that logit (the w
 both (the paper's sequential policy, what 'w8' was before the split). Runs are ladder runs
 (tokjax/lab/ladder.py: the same scheduler, resume, --jobs and packing), scored on the test split with
 sampled and greedy boundaries; each variant is paired against 'full' on the same test windows with
-the window, clustered and seed errors, and judged by `significance.judge`.
+the window, clustered and seed errors, and judged by `significance.judge`, Holm-adjusted over the
+table's variants (one family, `significance.FAMILY`).
 --variants NAME:FIELD=VALUE adds a variant of your own; --budget, --lr, --corpus, --seq_len,
 --batch_size and --set FIELD=VALUE move the whole table (the main job: `--corpus stdlib_docs
 --budget 2457600 --lr 2e-3`).
@@ -72,6 +73,9 @@ PAIRED_KEYS = (
     'combined_se',
     'df',
     'p',
+    'p_holm',
+    'family',
+    'family_size',
     'verdict',
 )
 # Greedy whitespace recall at the last evaluation that counts as "learned words".
@@ -115,7 +119,8 @@ def summarize(results: dict, reference: str = REFERENCE) -> list[dict]:
   """One row per variant with finished runs. results: {variant: [ladder result.json, ...]} (read by
   `ladder.load_results`). Means over the seeds the variant shares with the reference (all of its
   own seeds for the reference), with the seed standard error of test bpb and the paired difference
-  to the reference (`ladder_report.paired_over_seeds`)."""
+  to the reference (`ladder_report.paired_over_seeds`), every variant's judged by its p
+  Holm-adjusted over the table's variants (`significance.judge_family`)."""
   ref = results.get(reference, [])
   ref_seeds = {r['run']['seed'] for r in ref}
   rows = []
@@ -158,9 +163,15 @@ def summarize(results: dict, reference: str = REFERENCE) -> list[dict]:
         'curve': _mean_curve(rs),
     }
     if name != reference and ref:
-      p = ladder_report.paired_over_seeds(rs, ref, 'test')
-      row['paired'] = {k: p[k] for k in PAIRED_KEYS}
+      row['paired'] = ladder_report.paired_over_seeds(rs, ref, 'test')
     rows.append(row)
+  paired = [r for r in rows if 'paired' in r]
+  if paired:
+    run = ref[0]['run']
+    family = ladder_report.family_name('test', run['budget'], run['seq_len'], run['corpus'])
+    judged = significance.judge_family([r['paired'] for r in paired], family)
+    for r, p in zip(paired, judged):
+      r['paired'] = {k: p[k] for k in PAIRED_KEYS}
   return rows
 
 
@@ -185,7 +196,7 @@ def markdown(rows, meta) -> list[str]:
   for r in rows:
     paper = PAPER.get(PAPER_ROW.get(r['variant'], r['variant']), {})
     p = r.get('paired')
-    diff = ladder_report.paired_cells(p) if p else ' | | | | | | | '
+    diff = ladder_report.paired_cells(p) if p else ' | | | | | | | | '
     seed_se = f" +- {r['test_bpb_seed_se']:.3f}" if r['test_bpb_seed_se'] is not None else ''
     cells.append(
         f"{r['variant']} | {len(r['seeds'])} | {r['test_bpb']:.3f}{seed_se} | {diff} | "

@@ -182,6 +182,18 @@ def paired_one_seed(a: dict, b: dict, docs, unit_bytes: int, doc_clusters=None) 
   return p | {'seed_se': None} | significance.judge(p['diff'], p['clustered_se'], p['clusters'])
 
 
+def judge_families(rows, family_of) -> list[dict]:
+  """rows (dicts with `significance.judge`'s keys) judged within their families
+  (`significance.judge_family`), in their order; family_of(row) -> the name of its family."""
+  rows = list(rows)
+  out = list(rows)
+  for name in dict.fromkeys(family_of(r) for r in rows):
+    members = [i for i, r in enumerate(rows) if family_of(r) == name]
+    for i, j in zip(members, significance.judge_family([rows[i] for i in members], name)):
+      out[i] = j
+  return out
+
+
 def paragraph(docs, length: int) -> bytes:
   """A held-out passage: `length` bytes of the first test document, starting at a line start."""
   doc = docs[0]

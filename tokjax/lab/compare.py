@@ -62,17 +62,19 @@ UNIT_BYTES = 2048  # Paired units: windows of this many bytes of each document.
 
 def paired_rows(results, docs_by_split, reference='policy') -> list[dict]:
   """Each method minus `reference` on the same val/test windows, clustered by document, judged by
-  `significance.judge` with one seed (`common.paired_one_seed`): one dict per (method, split)."""
+  `significance.judge` with one seed (`common.paired_one_seed`) and Holm-adjusted over the
+  methods of each split (one family a split): one dict per (method, split)."""
   by = {r['method']: r for r in results}
   if reference not in by:
     return []
-  return [
+  rows = [
       {'method': r['method'], 'reference': reference, 'split': split}
       | common.paired_one_seed(r[split], by[reference][split], docs, r.get('unit_bytes', 0))
       for r in results
       if r['method'] != reference
       for split, docs in docs_by_split.items()
   ]
+  return common.judge_families(rows, lambda p: f'{p["split"]} vs {reference}')
 
 
 def write_outputs(out_dir, results, meta, passage, paired=()):
@@ -120,11 +122,12 @@ def write_outputs(out_dir, results, meta, passage, paired=()):
         '',
         *common.table(
             'method | split | windows | documents | difference (bpb) | window s.e. | '
-            'clustered s.e. | df | p | verdict',
+            'clustered s.e. | df | p | p (Holm) | verdict',
             (
                 f'{p["method"]} | {p["split"]} | {p["units"]} | {p["clusters"]} | '
                 f'{p["diff"]:+.4f} | {fmt(p["se"])} | {fmt(p["clustered_se"])} | {fmt(p["df"], 1)} | '
-                f'{significance.format_p(p["p"])} | {p["verdict"]}'
+                f'{significance.format_p(p["p"])} | {significance.format_p(p["p_holm"])} | '
+                f'{p["verdict"]}'
                 for p in paired
             ),
         ),

@@ -6,8 +6,8 @@ all use that one matched seed set. A paired difference (`paired_over_seeds`) car
 over windows (`se`), over the corpus's independent units (`clustered_se`: the window differences
 summed per cluster, `tokjax.data.corpora.document_clusters`: a play or poem of Shakespeare, a source
 file of stdlib) and over seeds (`seed_se`); it is judged by `significance.judge` (the clustered and
-seed errors in quadrature, a t-test with Welch-Satterthwaite df), and the paper's ordering by that
-rule (`trend`). A learning rate is picked on val over the seeds that all of a method's rates share.
+seed errors in quadrature, a t-test with Welch-Satterthwaite df), Holm-adjusted over its family
+(`holm_families`, `significance.FAMILY`), and the paper's ordering by that rule (`trend`). A learning rate is picked on val over the seeds that all of a method's rates share.
 """
 
 import math
@@ -25,7 +25,7 @@ PAPER_AT_OR_BELOW = ('bpe',)
 # ... and below these by a found paired difference.
 PAPER_BELOW = ('hnet', 'uniform')
 # What `trend` keeps of each paired difference.
-TREND_KEYS = ('diff', 'combined_se', 'df', 'p', 'verdict')
+TREND_KEYS = ('diff', 'combined_se', 'df', 'p', 'p_holm', 'family', 'verdict')
 RATE_TOLERANCE = (
     0.02  # A chunked method's realised rate counts as matched within this of the target.
 )
@@ -62,7 +62,8 @@ def summarize(results, reference: str) -> list[dict]:
   """One row per (budget, seq_len, method, lr): means over the seeds the row shares with the
   reference at its best lr on val (all its seeds for the reference and where the reference is
   missing), and the paired difference to that reference (`paired_over_seeds`) on test and on each
-  corpus scored out of domain. 'best_lr': whether the row's lr is its method's best on val there."""
+  corpus scored out of domain, each judged within its family (`holm_families`). 'best_lr': whether
+  the row's lr is its method's best on val there."""
   groups = {}
   for r in results:
     groups.setdefault(_key(r), []).append(r)
@@ -118,7 +119,40 @@ def summarize(results, reference: str) -> list[dict]:
         if _seeds(scored) & _seeds(ref_scored):
           row['cross_paired'][c] = paired_over_seeds(scored, ref_scored, c)
     rows.append(row)
+  holm_families(rows, results[0]['run']['corpus'] if results else '')
   return sorted(rows, key=lambda r: (r['budget'], r['seq_len'], r['test_bpb']))
+
+
+def family_name(split: str, budget: float, seq_len: int, corpus: str) -> str:
+  """The name of a family of comparisons (`significance.FAMILY`): 'shakespeare test, 4e+06 B,
+  L 256' in domain, 'stdlib out of domain, ...' for a corpus scored out of domain."""
+  where = f'{corpus} test' if split == 'test' else f'{split} out of domain'
+  return f'{where}, {budget:.3g} B, L {seq_len}'
+
+
+def holm_families(rows, corpus: str) -> None:
+  """Judges every paired difference of `summarize`'s rows within its family (in place): per
+  (budget, seq_len) cell, the test comparisons of each method at its best lr with the reference
+  are one family, and those on each corpus scored out of domain one more. A row at another lr is
+  adjusted in its cell's family with itself standing for its method, so that each table of the
+  lr sweep adjusts over the same number of comparisons as the one of best lrs."""
+  cells = {}
+  for r in rows:
+    cells.setdefault((r['budget'], r['seq_len']), []).append(r)
+  judged = []  # (record, its judgement), applied once every family is worked out.
+  for (b, L), cell in cells.items():
+    best = {r['method']: r for r in cell if r['best_lr']}
+    records = lambda r: [('test', r.get('paired'))] + list(r.get('cross_paired', {}).items())
+    for r in cell:
+      for split, rec in records(r):
+        if not rec:
+          continue
+        family = [rec] + [dict(records(o)).get(split) for m, o in best.items() if m != r['method']]
+        family = [x for x in family if x]
+        name = family_name(split, b, L, corpus)
+        judged.append((rec, significance.judge_family(family, name)[0]))
+  for rec, j in judged:
+    rec.update(j)
 
 
 def _mean(xs):
@@ -237,7 +271,7 @@ def _trend_lines(trends, meta) -> list[str]:
     if len(budgets) < 2:
       continue
     cell = (
-        lambda d: f'{d["diff"]:+.4f} +- {d["combined_se"]:.4f}, p {fmt_p(d["p"])} ({d["verdict"]})'
+        lambda d: f'{d["diff"]:+.4f} +- {d["combined_se"]:.4f}, {p_pair(d)} ({d["verdict"]})'
         if d
         else '-'
     )
@@ -245,8 +279,8 @@ def _trend_lines(trends, meta) -> list[str]:
         '',
         f'## Trend (L = {L})',
         '',
-        f'Paired difference to `{ref}` (method minus {ref}, +- its combined s.e., its p and '
-        'verdict) at each budget, its least-squares slope per 4x budget, and '
+        f'Paired difference to `{ref}` (method minus {ref}, +- its combined s.e., its raw and '
+        'Holm-adjusted p and the verdict by the adjusted one) at each budget, its least-squares slope per 4x budget, and '
         'the budget at which that line reaches 0 (an extrapolation of a straight line in log '
         'budget: "-" where it moves away from 0). '
         f"The paper's ordering ({ref} not found worse than {', '.join(PAPER_AT_OR_BELOW)}, found "
@@ -282,7 +316,9 @@ def _rate_cell(rate, meta) -> str:
   return f'{rate:.3f}' + (' (off)' if off else '')
 
 
-PAIRED_HEADER = 'window s.e. | clustered s.e. | seed s.e. | combined s.e. | df | p | verdict'
+PAIRED_HEADER = (
+    'window s.e. | clustered s.e. | seed s.e. | combined s.e. | df | p | p (Holm) | verdict'
+)
 
 
 def paired_cells(p, digits: int = 4) -> str:
@@ -292,13 +328,18 @@ def paired_cells(p, digits: int = 4) -> str:
   return (
       f'{p["diff"]:+.{digits}f} | {fmt(p["se"], digits)} | {fmt(p["clustered_se"], digits)} | '
       f'{fmt(p["seed_se"], digits)} | {fmt(p["combined_se"], digits)} | {fmt(p["df"], 1)} | '
-      f'{fmt_p(p["p"])} | {p["verdict"]}'
+      f'{fmt_p(p["p"])} | {fmt_p(p.get("p_holm"))} | {p["verdict"]}'
   )
 
 
 def fmt_p(p) -> str:
   """`significance.format_p`, '-' where there is none."""
   return '-' if p is None else significance.format_p(p)
+
+
+def p_pair(p) -> str:
+  """'p 0.03, Holm 0.06': a paired difference's raw and Holm-adjusted p."""
+  return f'p {fmt_p(p["p"])}, Holm {fmt_p(p.get("p_holm"))}'
 
 
 def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
@@ -335,7 +376,7 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
               + (
                   f'{paired_cells(p)} | {p["a_better"]:.2f} | '
                   if p
-                  else '(ref) | - | - | - | - | - | - | - | - | '
+                  else '(ref) | - | - | - | - | - | - | - | - | - | '
               )
               + f'{_rate_cell(r["rate"], meta)} | {fmt(r["train_rate"], 3)} | '
               f'{fmt(r["whitespace_recall"], 3)} | {fmt(r["whitespace_precision"], 3)} | '
@@ -356,7 +397,7 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
       p = r.get('cross_paired', {}).get(c)
       if not p:
         return '(ref)' if r['method'] == ref else '-'
-      return f'{p["diff"]:+.4f} +- {p["combined_se"]:.4f}, p {fmt_p(p["p"])} ({p["verdict"]})'
+      return f'{p["diff"]:+.4f} +- {p["combined_se"]:.4f}, {p_pair(p)} ({p["verdict"]})'
 
     lines += [
         '',
@@ -364,7 +405,8 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
         '',
         'The same checkpoints scored on the test split of other corpora: bpb (over the seeds '
         "scored there, named where fewer than the row's) and the paired difference to "
-        f'`{ref}` over the seeds both were scored at, +- its combined s.e., its p and its verdict.',
+        f'`{ref}` over the seeds both were scored at, +- its combined s.e., its raw and '
+        'Holm-adjusted p (each corpus its own family) and the verdict by the adjusted one.',
         '',
         *common.table(
             'budget B | L | method | ' + ' | '.join(f'{c} bpb | paired' for c in cross),
@@ -442,7 +484,7 @@ def _plot(out_dir, rows, meta) -> None:
       (
           'test bpb (+- s.e.)',
           f'paired difference to {meta["reference"]}\n'
-          '(+- t(0.975, df) x combined s.e.: found outside 0)',
+          '(+- t(0.975, df) x combined s.e.: raw p < 0.05 outside 0; verdicts use Holm)',
           'test bpb',
       ),
       ('training bytes', 'training bytes', 'training FLOPs (realised rate)'),

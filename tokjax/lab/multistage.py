@@ -206,7 +206,8 @@ def paired_rows(
   """Each run minus `base` in bits-per-byte on the same val/test bytes, paired per window of
   unit_bytes bytes and clustered by the corpus's independent unit of each document
   (clusters_by_split: {split: `corpora.document_clusters`}; by document where it is None), judged by
-  `significance.judge` with one seed (`common.paired_one_seed`): one dict per (run, split)."""
+  `significance.judge` with one seed (`common.paired_one_seed`) and Holm-adjusted over the runs of
+  each split (one family a split): one dict per (run, split)."""
   by = {r['run']: r for r in results}
   if base not in by:
     return []
@@ -218,7 +219,7 @@ def paired_rows(
       doc_clusters = (clusters_by_split or {}).get(split)
       d = common.paired_one_seed(r[split], by[base][split], docs, unit_bytes, doc_clusters)
       rows.append({'run': r['run'], 'base': base, 'split': split, 'unit': f'{unit_bytes} B', **d})
-  return rows
+  return common.judge_families(rows, lambda p: f'{p["split"]} vs {base}')
 
 
 def write_outputs(out_dir, results, meta, paired=()) -> None:
@@ -271,11 +272,12 @@ def write_outputs(out_dir, results, meta, paired=()) -> None:
       '',
       *common.table(
           'run | split | windows | clusters | run - one_stage (bpb) | window s.e. | '
-          'clustered s.e. | df | p | verdict | run better | one_stage better',
+          'clustered s.e. | df | p | p (Holm) | verdict | run better | one_stage better',
           (
               f'{p["run"]} | {p["split"]} | {p["units"]} | {p["clusters"]} | {p["diff"]:+.4f} | '
               f'{fmt(p["se"], 4)} | {fmt(p["clustered_se"], 4)} | {fmt(p["df"], 1)} | '
-              f'{significance.format_p(p["p"])} | {p["verdict"]} | '
+              f'{significance.format_p(p["p"])} | {significance.format_p(p["p_holm"])} | '
+              f'{p["verdict"]} | '
               f'{fmt(p["a_better"], 2)} | {fmt(p["b_better"], 2)}'
               for p in paired
           ),
