@@ -17,6 +17,7 @@ from scipy import stats
 
 from tokjax import significance
 from tokjax.config import files as config_files
+from tokjax.data import baselines, pipeline
 from tokjax.errors import UserError
 from tokjax.lab import ladder, ladder_report
 
@@ -333,6 +334,15 @@ def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path, uni
   assert os.path.getmtime(os.path.join(_run_dir(stopped), 'metrics.jsonl')) == mtime
   for name in ('results.md', 'results.json', 'ladder.png'):
     assert os.path.getsize(stopped / name) > 0
+  # The classical models of the runs' own split stand beside the table.
+  with open(stopped / 'results.json') as f:
+    found = json.load(f)['meta']['baselines']
+  data = ladder.build_config(run).data
+  assert found['test'] == pipeline.classical_bpb('stdlib', 'test', data)
+  assert set(found) == {'val', 'test'} and found['test']['ppmd'] < found['test']['xz']
+  assert f'Classical baselines, test: {baselines.describe(found["test"])}' in (
+      (stopped / 'results.md').read_text()
+  )
   assert ladder.status(str(stopped), run, ladder.Scoring(scoring.unit_bytes, ('stdlib_docs',))) == (
       'rescore'
   )

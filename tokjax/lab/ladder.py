@@ -56,6 +56,7 @@ import numpy as np
 
 from tokjax import cli, flops
 from tokjax.config import validation as config_validation
+from tokjax.data import pipeline
 from tokjax.errors import Interrupted, UserError
 from tokjax.lab import common, ladder_report
 from tokjax.metric_writers import read_metrics
@@ -718,6 +719,7 @@ def main(argv):
       'finished': len(results),
       # Share of each cross set's test windows found verbatim in the training split.
       'cross_shared': shared,
+      'baselines': classical_baselines(f.corpus, f.cross, build_config(runs[0]).data),
   }
   if results:
     sweep = len(lrs_grid) > 1 and len(budgets) == len(seq_lens) == 1  # One rung, several lrs.
@@ -726,6 +728,14 @@ def main(argv):
     raise UserError(
         f'{failures} run(s) failed; their train.log says why. Fix and rerun with --resume.'
     )
+
+
+def classical_baselines(corpus: str, cross, data_config) -> dict:
+  """{split or 'cross:NAME': `pipeline.classical_bpb`} of the corpus's val and test splits and each
+  cross corpus's test split, split as the runs split them (cached after the first report)."""
+  out = {s: pipeline.classical_bpb(corpus, s, data_config) for s in ('val', 'test')}
+  out.update({f'cross:{c}': pipeline.classical_bpb(c, 'test', data_config) for c in cross})
+  return out
 
 
 def define_flags():

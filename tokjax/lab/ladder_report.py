@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from tokjax import significance
-from tokjax.data import corpora
+from tokjax.data import baselines, corpora
 from tokjax.errors import UserError
 from tokjax.lab import common
 
@@ -342,6 +342,17 @@ def p_pair(p) -> str:
   return f'p {fmt_p(p["p"])}, Holm {fmt_p(p.get("p_holm"))}'
 
 
+def baseline_lines(meta) -> list[str]:
+  """The classical models' bpb on the same splits (`ladder.classical_baselines`), one line each,
+  where the table's meta has them (tables written before they were added do not)."""
+  found = meta.get('baselines') or {}
+  return [
+      f'Classical baselines, {name}: {baselines.describe(ref)} (PPMd primed with, the n-gram '
+      'fitted on, the training split; orders chosen on val).'
+      for name, ref in found.items()
+  ] + ([''] if found else [])
+
+
 def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
   """results.json, ladder.png and (markdown) results.md."""
   fmt = common.fmt
@@ -366,6 +377,7 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
       'train rate is the mean over logged training steps; FLOPs are training FLOPs at that rate. '
       'The lr of each method is picked on val over the seeds all its lrs share.',
       '',
+      *baseline_lines(meta),
       *common.table(
           'budget B | L | method | lr | seeds | test bpb +- s.e. | paired vs ref | '
           f'{PAIRED_HEADER} | better | rate | train rate | ws recall | ws prec | train FLOPs',
