@@ -157,7 +157,7 @@ def causal_starts(tok, tokens: np.ndarray, context: int) -> np.ndarray:
 def causal_rate(tok, docs, context: int, max_positions: int = 50_000) -> float:
   """The share of byte positions of docs (the first max_positions, each document one segment) where
   `causal_starts` is 1: the causal method's boundary rate."""
-  windows = []
+  windows: list[str] = []
   for d in docs:
     if len(windows) >= max_positions:
       break
