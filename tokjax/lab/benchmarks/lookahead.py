@@ -73,8 +73,11 @@ def disagreement(model, params, rows: np.ndarray, key) -> np.ndarray:
   cut = np.arange(l)[:, None] < np.arange(l)[None, :]  # cut[t, s]: position s lies after t.
   differ = []
   for row in rows:
-    whole = np.asarray(levels(jnp.asarray(row[None])))[0]  # [S, L]
-    prefixes = np.where(cut, PAD_ID, row[None, :]).astype(np.int32)  # Row t: the row cut after t.
+    # L copies of the row, so that row t of both batches gets the same random draws (a draw
+    # depends on the key and the batch's shape: 'uniform' draws even in greedy mode).
+    copies = np.repeat(row[None, :], l, axis=0)
+    whole = np.asarray(levels(jnp.asarray(copies)))[np.arange(l), :, np.arange(l)].T  # [S, L]
+    prefixes = np.where(cut, PAD_ID, copies).astype(np.int32)  # Row t: the row cut after t.
     seen = np.asarray(levels(jnp.asarray(prefixes)))  # [L, S, L]
     at_t = seen[np.arange(l), :, np.arange(l)].T  # [S, L]: each prefix's decision at its own end.
     differ.append((whole != at_t)[:, 1 : l - 1])

@@ -137,8 +137,9 @@ def _windows(text: str, context: int) -> list[str]:
 
 def causal_starts(tok, tokens: np.ndarray, context: int) -> np.ndarray:
   """int[B, L] ids (bytes, BOS, PAD) -> float32[B, L]: 1 at byte t when the tokenization of the last
-  `context` bytes ending at t (back to the segment's start at most) has a token starting at t; BOS
-  is 1, PAD 0. A function of bytes <= t alone: the causal 'bpe' method's boundaries."""
+  `context` bytes ending at t (back to the segment's start at most) has a token starting at t and
+  none running from before t into it; BOS is 1, PAD 0. A function of bytes <= t alone: the causal
+  'bpe' method's boundaries. One `encode_batch_fast` over all B * L windows."""
   tokens = np.asarray(tokens)
   out = np.zeros(tokens.shape, np.float32)
   places, windows = [], []
