@@ -1,5 +1,6 @@
-"""The boundary methods of the registry: causality of the whole model, the sampling flag, initial
-rates, straight-through gradients, BPE token starts, and each rate control reaching its target."""
+"""The boundary methods of the registry: causality of the whole model unless a method declares
+look-ahead (one and two stages), the sampling flag, initial rates, straight-through gradients, BPE
+token starts, and each rate control reaching its target."""
 
 import os
 
@@ -27,18 +28,30 @@ def tokenizer_json():
   return bpe.train_tokenizer(docs, 300).to_str()
 
 
-def _config(method, tokenizer_json=None, tmp=None):
-  """The default config with `method`, model sized for these tests (L = 48, capacity 24)."""
+def _config(method, tokenizer_json=None, tmp=None, stages=1):
+  """The default config with `method`, model sized for these tests (L = 48, capacity 24); with
+  stages=2 a second stage over its chunks: the same method where it can draw over chunks
+  (`inner_stages`), else the learned policy."""
   from tokjax.config import defaults as config_defaults
 
   c = config_defaults.base_config()
   c.boundary.method = method
   c.model.capacity = CAP
-  if method == 'bpe':
+  if method in ('bpe', 'bpe_oracle'):
     path = os.path.join(tmp, 'bpe.json')
     with open(path, 'w') as f:
       f.write(tokenizer_json)
-    c.boundary.bpe.tokenizer = path
+    c.boundary[method].tokenizer = path
+  if stages == 2:
+    c.model.update(
+        d_model=32, num_heads=2, encoder_layers=1, main_layers=1, decoder_layers=1, byte_window=8
+    )
+    c.model.stages = 2
+    if 's1' not in c.stages:
+      c.stages.s1 = config_defaults.stage_section()
+    inner = method if registry.get(method).inner_stages else 'policy'
+    c.stages.s1.boundary.update(method=inner, target_rate=0.4)
+    c.stages.s1.model.update(capacity=CAP // 2, encoder_layers=1, decoder_layers=1, byte_window=0)
   return c
 
 
@@ -74,7 +87,10 @@ def test_registry_holds_the_builtin_methods_and_their_config_sections():
   from tokjax.config import defaults as config_defaults
 
   names = set(registry.methods())
-  assert {'policy', 'hnet', 'gumbel', 'entropy', 'whitespace', 'stride', 'uniform', 'bpe'} <= names
+  builtin = {'policy', 'hnet', 'gumbel', 'entropy', 'whitespace', 'stride', 'uniform', 'bpe'}
+  assert builtin | {'bpe_oracle'} <= names
+  # Only the whole-window BPE declares that it reads later bytes.
+  assert [n for n, m in registry.methods().items() if m.lookahead] == ['bpe_oracle']
   c = config_defaults.base_config()
   for name, m in registry.methods().items():
     assert dict(c.boundary.get(name, {})) == m.defaults, name
@@ -83,54 +99,85 @@ def test_registry_holds_the_builtin_methods_and_their_config_sections():
 
 @pytest.fixture(scope='module')
 def built(tokenizer_json, tmp_path_factory):
-  """built(method) -> (params, jitted apply) of that method's model, made once for the module.
+  """built(method, stages=1) -> (params, jitted apply) of that method's model, made once for the
+  module.
 
   The causality and sampling-flag tests call it on rows of the same shape, so each method's model is
   initialised and compiled once for both.
   """
   cache = {}
 
-  def build(method):
-    if method not in cache:
-      model = _model(_boundary(method, tokenizer_json, tmp_path_factory.mktemp(method)))
+  def build(method, stages=1):
+    if (method, stages) not in cache:
+      tmp = tmp_path_factory.mktemp(method)
+      if stages == 1:
+        model = _model(_boundary(method, tokenizer_json, tmp))
+      else:
+        model = models.build_model(_config(method, tokenizer_json, tmp, stages))
       params = nn.unbox(
           jit_call(model.init, jax.random.PRNGKey(0), _text_tokens(0), jax.random.PRNGKey(3))
       )
-      cache[method] = params, jax.jit(model.apply, static_argnames='mode')
-    return cache[method]
+      cache[method, stages] = params, jax.jit(model.apply, static_argnames='mode')
+    return cache[method, stages]
 
   return build
 
 
-@pytest.mark.parametrize('method', list(registry.methods()))
-def test_every_method_is_causal(method, built):
-  """Nothing at or before t (logits, early logits, boundary probs or actions) depends on bytes > t.
+# Positions t after which the bytes are perturbed: inside words and on spaces of `_text_tokens(0)`.
+_CUTS = (9, 13, 17, 22, 26, 30, 35, 40)
 
-  BPE boundaries carry BPE's own within-word look-ahead (see rivals/bpe.py), so for 'bpe' the model is
-  checked given the boundaries of the unperturbed row.
-  """
-  params, apply = built(method)
-  tokens = _text_tokens(0)
+
+def _seen_from_after(apply, params, tokens, t, mode):
+  """What at positions <= t changes when the bytes after t do, as {name: max |difference|}: the
+  logits, every stage's early logits, stage 0's boundary probs and actions at bytes <= t, and each
+  inner stage's at the inputs (stage-0 chunks) that end at bytes <= t. Also returns the largest
+  change of the logits after t (the perturbation's reach)."""
   key = jax.random.PRNGKey(3)
-  kwargs = {}
-  if method == 'bpe':
-    given = apply(params, tokens, key).boundaries.actions
-    kwargs = dict(mode='given', actions=given)
-  for t in (17, 30):
-    a = apply(params, tokens, key, **kwargs)
-    b = apply(params, _perturb_after(tokens, t), key, **kwargs)
-    for name in ('logits', 'early_logits'):
-      np.testing.assert_allclose(
-          getattr(a, name)[:, : t + 1], getattr(b, name)[:, : t + 1], atol=1e-5, err_msg=name
-      )
+  a = apply(params, tokens, key, mode=mode)
+  b = apply(params, _perturb_after(tokens, t), key, mode=mode)
+  diff = lambda x, y: float(np.max(np.abs(np.asarray(x, np.float32) - np.asarray(y, np.float32))))
+  seen = {'logits': diff(a.logits[:, : t + 1], b.logits[:, : t + 1])}
+  for s, (x, y) in enumerate(zip(a.stages, b.stages)):
+    seen[f'stage {s} early_logits'] = diff(x.early_logits[:, : t + 1], y.early_logits[:, : t + 1])
+    done = np.asarray(x.positions) <= t  # Stage 0: bytes <= t; above: chunks ending there.
+    seen[f'stage {s} positions'] = diff(
+        np.asarray(x.positions)[done], np.asarray(y.positions)[done]
+    )
     for name in ('probs', 'actions'):
-      np.testing.assert_allclose(
-          getattr(a.boundaries, name)[:, : t + 1],
-          getattr(b.boundaries, name)[:, : t + 1],
-          atol=1e-5,
-          err_msg=name,
+      seen[f'stage {s} {name}'] = diff(
+          np.asarray(getattr(x.boundaries, name))[done],
+          np.asarray(getattr(y.boundaries, name))[done],
       )
-    assert np.abs(a.logits[:, t + 1 :] - b.logits[:, t + 1 :]).max() > 1e-4
+  return seen, diff(a.logits[:, t + 1 :], b.logits[:, t + 1 :])
+
+
+_CAUSAL_CASES = [
+    (name, stages)
+    for name, m in registry.methods().items()
+    for stages in (1, 2)
+    if stages == 1 or not m.lookahead
+]
+
+
+@pytest.mark.parametrize('method,stages', _CAUSAL_CASES)
+def test_every_method_is_causal_unless_it_declares_lookahead(method, stages, built):
+  """A method with lookahead=False: nothing at or before t (logits, early logits, every stage's
+  boundary probs and actions) depends on bytes > t, with the same key in 'sample' and 'greedy' mode,
+  at one and two stages. A method that declares lookahead=True must see later bytes on this text
+  (its declaration is honest): some boundary at or before t changes."""
+  params, apply = built(method, stages)
+  tokens = _text_tokens(0)
+  boundaries_moved = []
+  for mode in ('sample', 'greedy'):
+    for t in _CUTS:
+      seen, reach = _seen_from_after(apply, params, tokens, t, mode)
+      assert reach > 1e-4, (mode, t)  # The perturbation changes what comes after t.
+      if registry.get(method).lookahead:
+        boundaries_moved += [n for n, v in seen.items() if 'actions' in n and v > 0]
+      else:
+        assert max(seen.values()) < 1e-5, (mode, t, {n: v for n, v in seen.items() if v >= 1e-5})
+  if registry.get(method).lookahead:
+    assert boundaries_moved, f'{method} declares lookahead but no boundary saw a later byte'
 
 
 @pytest.mark.parametrize('method', ['hnet', 'gumbel'])
@@ -150,7 +197,7 @@ def test_straight_through_methods_get_lm_gradient(method):
   assert all(n > 1e-6 for n in norms.values()), norms
 
 
-def test_bpe_boundaries_are_the_tokenizer_token_starts(tokenizer_json):
+def test_bpe_oracle_boundaries_are_the_tokenizer_token_starts(tokenizer_json):
   tok = bpe._load(tokenizer_json)  # pylint: disable=protected-access
   text = b'the queen and the king went to see thy noble lord, my lord; thee and'
   text = text[: L - 1]
@@ -171,25 +218,103 @@ def test_bpe_boundaries_are_the_tokenizer_token_starts(tokenizer_json):
   np.testing.assert_array_equal(np.asarray(out.actions[0, : L - 1]), expected[: L - 1])
 
 
-def test_bpe_boundaries_in_the_step_are_the_host_token_starts_of_real_text(tmp_path):
-  """The jitted module's boundaries equal `token_starts` run on the host (what the step's callback
-  computes) on Shakespeare rows cut mid-text, with BOS inside a row and PAD runs: every segment."""
+@pytest.fixture(scope='module')
+def shakespeare():
   from tokjax.data import corpora  # pylint: disable=g-import-not-at-top
 
-  docs = corpora.load_documents('shakespeare', max_bytes=200_000)
-  tok_json = bpe.train_tokenizer(docs, 400).to_str()
+  return corpora.load_documents('shakespeare', max_bytes=200_000)
+
+
+def _real_rows(docs, b=6, l=96):
+  """Shakespeare rows cut mid-text, with BOS inside a row, PAD runs and a few non-ASCII bytes."""
   text = b''.join(docs)[100_000:]
-  b, l = 6, 96
   rows = np.asarray([list(text[r * l : (r + 1) * l]) for r in range(b)], np.int32)
   rows[0, 0] = rows[1, 40] = BOS_ID
   rows[2, 70:] = rows[3, 10:20] = bpe.PAD_ID
-  module = bpe.BPEGuided(tokenizer_json=tok_json, capacity=l)
+  rows[4, 30:33] = (0xE9, 0xE9, 0xC3)  # Each two byte-level symbols (their UTF-8 form).
+  return rows
+
+
+@pytest.mark.parametrize('context', [0, 8])
+def test_bpe_boundaries_in_the_step_are_the_host_token_starts_of_real_text(context, shakespeare):
+  """The jitted module's boundaries equal `starts` run on the host (what the step's callback
+  computes) on real rows with BOS inside a row and PAD runs: whole segments (the oracle, context 0)
+  and the causal starts."""
+  tok_json = bpe.train_tokenizer(shakespeare, 400).to_str()
+  rows = _real_rows(shakespeare)
+  b, l = rows.shape
+  module = bpe.BPEGuided(tokenizer_json=tok_json, capacity=l, context=context)
   out = jit_call(module.apply, {}, jnp.zeros((b, l, 4)), None, tokens=jnp.asarray(rows))
-  expected = bpe.token_starts(bpe._load(tok_json), rows)  # pylint: disable=protected-access
+  expected = bpe.starts(bpe._load(tok_json), rows, context)  # pylint: disable=protected-access
   expected[rows == bpe.PAD_ID] = 0.0
   expected[:, 0] = expected[:, -1] = 1.0  # The convention's forced first and last boundaries.
-  assert 0.2 < expected.mean() < 0.6
+  assert 0.2 < expected.mean() < 0.7
   np.testing.assert_array_equal(np.asarray(out.actions), expected)
+
+
+def _naive_causal(tok, rows, context):
+  """The causal definition, one encode per position: byte t starts a token when, in the
+  tokenization (with offsets) of the last `context` bytes of its segment ending at t, a token starts
+  at t and none runs from before t into t."""
+  out = np.zeros(rows.shape, np.float32)
+  for r, row in enumerate(rows):
+    for t, x in enumerate(row):
+      if x == BOS_ID:
+        out[r, t] = 1.0
+      if x >= 256:
+        continue
+      begin = t
+      while begin > 0 and row[begin - 1] < 256 and t - begin + 1 < context:
+        begin -= 1
+      window = bytes(row[begin : t + 1].astype(np.uint8)).decode('latin-1')
+      offsets = tok.encode(window).offsets
+      here = len(window) - 1
+      starts = any(a == here for a, _ in offsets)
+      crosses = any(a < here < e for a, e in offsets)
+      out[r, t] = float(starts and not crosses)
+  return out
+
+
+@pytest.mark.parametrize('pretokenize', ['words', 'none'])
+def test_causal_bpe_is_its_definition_computed_naively_on_real_text(pretokenize, shakespeare):
+  """`causal_starts` equals tokenizing each prefix on its own (whole prefixes with a context longer
+  than a row, the last 8 bytes with 8), and differs from the whole window's token starts: the
+  look-ahead it removes."""
+  tok = bpe.train_tokenizer(shakespeare, 600, pretokenize=pretokenize)
+  rows = _real_rows(shakespeare)
+  for context in (8, 10_000):
+    np.testing.assert_array_equal(
+        bpe.causal_starts(tok, rows, context), _naive_causal(tok, rows, context), err_msg=context
+    )
+  causal = bpe.causal_starts(tok, rows, 10_000)
+  assert np.mean(causal != bpe.token_starts(tok, rows)) > 0.02
+
+
+def test_causal_bpe_fit_hits_the_causal_target_rate(tmp_path, shakespeare):
+  """The fitted vocabulary gives the target rate of causal starts on the validation split (not tokens
+  per byte of whole-text tokenization, which the oracle's fit targets); each method caches its own.
+  """
+  from tokjax.config import defaults as config_defaults  # pylint: disable=g-import-not-at-top
+  from tokjax.data import pipeline  # pylint: disable=g-import-not-at-top
+
+  (tmp_path / 'corpus').mkdir()
+  for i, d in enumerate(shakespeare):
+    (tmp_path / 'corpus' / f'{i:04d}.txt').write_bytes(d)
+  c = config_defaults.base_config()
+  c.data.corpus, c.data.data_dir = str(tmp_path / 'corpus'), str(tmp_path / 'cache')
+  c.data.val_fraction = c.data.test_fraction = 0.1
+  c.boundary.method, c.boundary.target_rate = 'bpe', 0.4
+  c.boundary.bpe.pretokenize = c.boundary.bpe_oracle.pretokenize = 'none'
+  val = pipeline.load_splits(c.data)['val']
+  tok = bpe._load(bpe.cached_tokenizer_json(c))  # pylint: disable=protected-access
+  assert abs(bpe.causal_rate(tok, val, 32) - 0.4) < 0.02
+  # Whole-text tokens per byte, which the oracle's vocabulary is fitted to, is another rate.
+  assert abs(bpe.tokens_per_byte(tok, val) - 0.4) > 0.05
+  c.boundary.method = 'bpe_oracle'
+  oracle = bpe._load(bpe.cached_tokenizer_json(c))  # pylint: disable=protected-access
+  assert abs(bpe.tokens_per_byte(oracle, val) - 0.4) < 0.02
+  assert abs(bpe.causal_rate(oracle, val, 32) - 0.4) > 0.04
+  assert len(os.listdir(tmp_path / 'cache' / 'bpe')) == 2  # One cached tokenizer each.
 
 
 def _fit_rate(module, make_inputs, params, steps, lr):

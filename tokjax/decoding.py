@@ -21,17 +21,21 @@ Generation does not apply the training chunk capacity: the chunk buffer holds ev
 Lengths beyond the training seq_len are extrapolation (byte layers are local; the chunk layers see more
 chunks than in training).
 
-Models with S > 1 stages (`generate_stages`) generate without caches: every step runs the training
-forward (mode 'sample' or 'greedy', every stage's boundary method drawing its own decisions) on a
-fixed buffer of N + 1 positions (the spare last one takes the convention's forced boundary), with one
-boundary key for all steps. The model is causal in bytes, boundary decisions of every level included,
-and each position's random draw depends only on the key, the position and the buffer's fixed shape,
-so the decisions at positions <= t made at step t are never changed by the bytes appended later: the
-boundaries drawn while generating equal one forward pass over the final text with the same key
-(tests/test_multistage_inspection.py). The cached path is not extended to S > 1: it would need a
-cached stack per stage fed one position whenever the stage below closes a chunk, and incremental forms
-of every boundary method (the rivals read tokens and neighbours in their own ways); one forward per
-byte costs O(N) per byte, acceptable at the CPU sizes the multi-stage configs have.
+Models with S > 1 stages, and one-stage models of another boundary method than the learned policy
+(`generate_stages`), generate without caches: every step runs the training forward (mode 'sample' or
+'greedy', every stage's boundary method drawing its own decisions) on a fixed buffer of N + 1
+positions (PAD after the last byte known; the spare last one takes the convention's forced boundary),
+with one boundary key for all steps. For a method whose registry entry has lookahead=False, the model
+is causal in bytes, boundary decisions of every level included (tests/test_rivals.py checks every such
+method), and each position's random draw depends only on the key, the position and the buffer's fixed
+shape, so the decisions at positions <= t made at step t are never changed by the bytes appended
+later: the boundaries drawn while generating equal one forward pass over the final text with the same
+key (tests/test_multistage_inspection.py). A method with lookahead=True (the whole window's BPE token
+starts, 'bpe_oracle') decides a boundary from bytes generation has not made yet: `check_causal`
+refuses it. The cached path is not extended to these models: it would need a cached stack per stage
+fed one position whenever the stage below closes a chunk, and incremental forms of every boundary
+method (the rivals read tokens and neighbours in their own ways); one forward per byte costs O(N) per
+byte, acceptable at the CPU sizes the multi-stage configs have.
 
 Shape names: B rows, N total positions (BOS + prompt + generated), S cache slots, V vocabulary.
 """
@@ -43,18 +47,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tokjax import models, stages
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 from tokjax.models import boundaries as bd
-from tokjax.models import chunking, interface, layers
+from tokjax.models import chunking, interface, layers, registry
 
 
-def check_supported(model) -> None:
-  if not isinstance(getattr(model, 'boundary', None), bd.BoundaryPolicy):
-    raise UserError(
-        'generation needs a hierarchical model with the learned boundary policy '
-        "(config.boundary.method='policy'); this checkpoint has another boundary method."
-    )
+def check_causal(config) -> None:
+  """UserError naming the first stage whose boundary method sees bytes after t (its registry entry's
+  `lookahead`): generation decides each boundary before those bytes exist."""
+  for st in stages.resolve(config)[: models.num_stages(config)]:
+    if registry.get(st.method).lookahead:
+      raise UserError(
+          f'{st.where("method")}={st.method!r} decides the boundary at byte t from bytes after t '
+          '(its registry entry declares lookahead=True), which generation has not made yet; '
+          "generate from a run of a causal method ('bpe' is BPE's causal form)."
+      )
+
+
+def has_cache(model) -> bool:
+  """Whether `generate` (cached or not) runs model: one stage of the learned policy; other models
+  generate with `generate_stages`."""
+  return model.num_stages == 1 and isinstance(getattr(model, 'boundary', None), bd.BoundaryPolicy)
 
 
 def sample_byte(logits, key, temperature: float, top_k: int):
@@ -355,7 +370,7 @@ def slide(
         f'a window of {window} positions leaves no room to slide (a step needs context, BOS and a '
         'new byte); generate with a model trained at data.seq_len >= 3.'
     )
-  fast = model.num_stages == 1 and isinstance(model.boundary, bd.BoundaryPolicy)
+  fast = has_cache(model)
   keep = window // 2
   first_keep = window - 1 - min(max_bytes, window - 1 - keep)
   texts = [bytes(p)[-window:] for p in prompts]

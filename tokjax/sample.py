@@ -14,10 +14,12 @@ Longer than the training seq_len (prompt + --num_bytes + 1 positions), generatio
 (`decoding.slide`: each later step reads the last seq_len // 2 + 1 bytes, with no BOS before cut
 text, as training reads a window cut from a document; memory stays bounded for any --num_bytes) and prints the text as it is made; boundaries are shown within each step.
 
-A model with several stages (config.model.stages > 1) draws the boundaries of every level on the fly
-and generates without caches (one full forward per byte, `decoding.generate_stages`; the README says
-why); its text is printed with '|' after a stage-0 chunk and '||' where a stage-1 chunk ends too.
---compare needs a one-stage model.
+A model with several stages (config.model.stages > 1), or whose boundaries are not the learned
+policy's, draws the boundaries of every level on the fly and generates without caches (one full
+forward per byte, `decoding.generate_stages`; the README says why); a text of several stages is
+printed with '|' after a stage-0 chunk and '||' where a stage-1 chunk ends too. --compare needs a
+one-stage model of the learned policy. A boundary method that reads bytes after t (registry
+`lookahead`, e.g. 'bpe_oracle') is refused: those bytes do not exist yet.
 """
 
 import time
@@ -41,15 +43,19 @@ def run_generation(
     top_k: int,
     cached: bool,
 ) -> dict:
-  """Compiles and runs `decoding.generate` (`decoding.generate_stages` for a model of S > 1 stages,
-  which has no cached path) once; returns its outputs, the text, its boundaries 'actions' float32[S,
+  """Compiles and runs `decoding.generate` (`decoding.generate_stages` for a model without a cached
+  path: S > 1 stages or another method than the policy, `decoding.has_cache`) once; returns its outputs, the text, its boundaries 'actions' float32[S,
   n] (every level on bytes), the chunk-marked text and the speed (bytes per second, compilation
   excluded)."""
   stages = model.num_stages
-  if stages > 1 and cached:
-    raise UserError(f'a {stages}-stage model generates without caches; pass --no_cache.')
+  fast = decoding.has_cache(model)
+  if cached and not fast:
+    raise UserError(
+        f'this {stages}-stage model generates without caches (only one stage of the learned policy '
+        'has them); pass --no_cache.'
+    )
   tokens = decoding.encode_prompt(prompt)
-  if stages > 1:
+  if not fast:
     fn, args = decoding.generate_stages, (model, params, tokens, key, num_bytes, mode)
     args += (temperature, top_k)
   else:
@@ -132,6 +138,8 @@ def main(argv):
     raise UserError(f'--boundaries={f.boundaries!r} is not valid; use sample or greedy.')
   if f.top_k < 0 or f.temperature < 0:
     raise UserError('--top_k and --temperature must not be negative.')
+  # Before the model is built: a refused method needs no tokenizer or weights to say so.
+  decoding.check_causal(checkpointing.load_config(f.checkpoint)[0])
   ckpt = checkpointing.load_checkpoint(f.checkpoint, f.step)
   if not ckpt.model.num_stages:
     raise UserError(
@@ -139,11 +147,11 @@ def main(argv):
         'hierarchical one.'
     )
   stages = ckpt.model.num_stages
-  if stages == 1:
-    decoding.check_supported(ckpt.model)
-  elif f.compare:
+  fast = decoding.has_cache(ckpt.model)
+  if f.compare and not fast:
     raise UserError(
-        f'--compare needs a one-stage model; this {stages}-stage model has no cached generation.'
+        '--compare needs a one-stage model of the learned policy (the only one with cached '
+        f'generation); this is a {stages}-stage model of {ckpt.config.boundary.method!r}.'
     )
   total = len(prompt) + 1 + f.num_bytes
   seq_len = ckpt.config.data.seq_len
@@ -168,7 +176,7 @@ def main(argv):
     seconds = time.perf_counter() - t0
     print(f'\n---\n{made} bytes in {seconds:.1f} s (compilation included)')
     return
-  paths = [True, False] if f.compare else [not f.no_cache and stages == 1]
+  paths = [True, False] if f.compare else [not f.no_cache and fast]
   runs = {}
   for cached in paths:
     runs[cached] = run_generation(*args, cached)

@@ -76,6 +76,45 @@ def _stage_sections(stages: dict, saved: dict) -> dict:
   return sections
 
 
+def _saved_before_causal_bpe(boundary: dict) -> bool:
+  """Whether a saved config.boundary comes from before the causal 'bpe' (which added bpe.context)."""
+  return 'context' not in (boundary.get('bpe') or {})
+
+
+def _bpe_as_oracle(boundary: dict) -> dict:
+  """A boundary section (top level or a stage's) with method 'bpe' and its settings as 'bpe_oracle'."""
+  boundary = dict(boundary)
+  if 'bpe' in boundary:
+    boundary['bpe_oracle'] = boundary.pop('bpe')
+  if boundary.get('method') == 'bpe':
+    boundary['method'] = 'bpe_oracle'
+  return boundary
+
+
+def _oracle_boundary(boundary, saved: dict):
+  """'bpe' cut chunks at the whole window's token starts until it became causal; that rule is
+  'bpe_oracle' now, so a run saved before keeps the boundaries it was trained with."""
+  del saved
+  if not isinstance(boundary, dict) or not _saved_before_causal_bpe(boundary):
+    return boundary
+  return _bpe_as_oracle(boundary)
+
+
+def _oracle_stages(sections, saved: dict):
+  """`_oracle_boundary` for each stage section of a config saved before the causal 'bpe' (read after
+  `_oracle_boundary` moved the top level's bpe section, so an old config has none left)."""
+  if not isinstance(sections, dict) or not _saved_before_causal_bpe(saved.get('boundary', {})):
+    return sections
+  return {
+      name: (
+          {**section, 'boundary': _bpe_as_oracle(section['boundary'])}
+          if isinstance(section, dict) and isinstance(section.get('boundary'), dict)
+          else section
+      )
+      for name, section in sections.items()
+  }
+
+
 # Every rename of a saved field, oldest first. A commit that renames or removes a field adds its entry
 # here, and tests/test_saved_configs.py loads a config saved before it.
 MIGRATIONS = (
@@ -94,6 +133,9 @@ MIGRATIONS = (
     Migration('estimator.kind', None, '3911346'),
     # Per-stage settings moved from parallel tuples to one section per stage (tokjax/stages.py).
     Migration('stages', 'stages', '73d1a58', _stage_sections),
+    # 'bpe' became causal; the whole-window token starts it had are 'bpe_oracle'.
+    Migration('boundary', 'boundary', 'ce2b122', _oracle_boundary),
+    Migration('stages', 'stages', 'ce2b122', _oracle_stages),
 )
 
 

@@ -33,6 +33,10 @@ class BoundaryMethod:
   sampling: mode 'sample' draws boundaries at random (else 'sample' and 'greedy' are the same rule).
   inner_stages: it can also draw boundaries over the chunks of a stage below (stages.sK.boundary.method):
     it reads only its input states h and, as `tokens`, the byte at each input position's end.
+  lookahead: its boundary at position t depends on bytes after t (e.g. the token starts of a whole
+    window's BPE tokenization). Generation refuses such a method (those bytes do not exist yet), and
+    tests/test_rivals.py requires every other method's boundaries at t to be unchanged by later bytes
+    and this one's to change on real text.
   description: one line for listings (--methods help, configs/compare.py, README).
   validate: optional stage -> None that raises UserError for bad settings of this method at that
     stage, naming the field by `stage.where('settings.FIELD')`.
@@ -44,6 +48,7 @@ class BoundaryMethod:
   score_function: bool = False
   sampling: bool = False
   inner_stages: bool = False
+  lookahead: bool = False
   description: str = ''
   validate: Callable[[Any], None] | None = None
 
