@@ -71,3 +71,18 @@ def test_sampling_an_old_bpe_run_is_refused_in_one_line(tiny_run, tmp_path):
   assert proc.returncode == 2 and 'Traceback' not in err, err[-3000:]
   (line,) = [l for l in err.splitlines() if l.startswith('error:')]
   assert "'bpe_oracle'" in line and 'bytes after t' in line
+
+
+def test_lm_eval_generation_refuses_a_lookahead_method(tiny_run):
+  """lm-eval's generate_until on a model whose saved config names bpe_oracle (the policy run's
+  checkpoint with the old bpe run's config, upgraded as loading upgrades it): the one line, before
+  any byte is generated."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  from tokjax.lm_eval import model as lm_model  # pylint: disable=g-import-not-at-top
+
+  lm = lm_model.TokjaxLM(checkpoint=tiny_run, batch_size=2)
+  assert lm.generate_until([]) == []  # A causal method generates.
+  lm.ckpt = dataclasses.replace(lm.ckpt, config=config_saved.upgrade(_old_bpe_config()))
+  with pytest.raises(UserError, match='bytes after t'):
+    lm.generate_until([])

@@ -4,6 +4,7 @@ ladder resuming exactly, and finished runs packed to their result.json."""
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -254,6 +255,48 @@ def test_a_rung_judges_its_methods_by_their_holm_adjusted_p():
   assert other['p_holm'] == pytest.approx(significance.holm([other['p']] + raw[1:])[0])
   t = ladder_report.trend(rows, 'policy')[256]['rungs'][4e6]
   assert t['hnet']['p_holm'] == pytest.approx(adjusted[0]) and t['hnet']['verdict'] == 'not found'
+
+
+def test_a_method_that_sees_the_future_is_an_oracle_outside_the_family():
+  base = [10.0, 12.0, 9.0, 11.0, 10.5, 11.5, 9.5, 12.5]
+  seeds = (0, 1, 2)
+  results = [_noisy('policy', s, base, 0.0, 4e6) for s in seeds]
+  results += [
+      _noisy(m, s, base, d + 0.2 * (s % 2), 4e6)
+      for m, d in (('hnet', 0.3), ('bpe_oracle', -3.0))
+      for s in seeds
+  ]
+  rows = ladder_report.summarize(results, 'policy')
+  best = {r['method']: r['paired'] for r in rows if r.get('paired')}
+  assert best['bpe_oracle']['verdict'] == ladder_report.ORACLE
+  assert best['bpe_oracle']['p_holm'] is None and best['bpe_oracle']['family'] is None
+  # H-Net is judged alone: the oracle's comparison does not count in its family.
+  assert best['hnet']['family_size'] == 1
+  assert best['hnet']['p_holm'] == pytest.approx(best['hnet']['p'])
+
+
+def test_a_bpe_run_recorded_before_bpe_became_causal_reads_as_the_oracle(tmp_path):
+  old = ladder.Run('bpe', 4e6, 0, 256, 8e-3, ('boundary.bpe.pretokenize=none',))
+  d = tmp_path / 'runs' / old.name
+  d.mkdir(parents=True)
+  spec = ladder.spec_of(old, ladder.Scoring())
+  del spec['version']  # As ladders wrote it before the version existed.
+  (d / 'result.json').write_text(json.dumps(spec | {'unit_bytes': 2048}))
+  run, _ = ladder.read_spec(str(d))
+  assert run == ladder.Run(
+      'bpe_oracle', 4e6, 0, 256, 8e-3, ('boundary.bpe_oracle.pretokenize=none',)
+  )
+  # The causal run of that name is not what the folder holds: one line naming where it belongs.
+  with pytest.raises(UserError, match=f'holds a run of bpe_oracle.*to {re.escape(run.name)}'):
+    ladder.status(str(tmp_path), old, ladder.Scoring())
+  # A spec written today keeps 'bpe' causal.
+  (d / 'result.json').write_text(
+      json.dumps(ladder.spec_of(old, ladder.Scoring()) | {'unit_bytes': 2048})
+  )
+  assert (
+      ladder.read_spec(str(d))[0] == old
+      and ladder.status(str(tmp_path), old, ladder.Scoring()) == 'done'
+  )
 
 
 @pytest.fixture(scope='module')

@@ -21,6 +21,7 @@ REFUSED = {
         'which PyTorch cannot reproduce'
     ),
     'bpe': 'the PyTorch port has no BPE tokenizer pass yet',
+    'bpe_oracle': 'the PyTorch port has no BPE tokenizer pass yet',
 }
 # Fields of flax modules that are not settings.
 _MODULE_FIELDS = ('parent', 'name')

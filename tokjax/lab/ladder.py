@@ -278,9 +278,29 @@ def _eval_key():
   return jax.random.PRNGKey(1234)  # The same boundary key for every method and run.
 
 
+# 2: 'bpe' names causal BPE boundaries; a spec without a version that says 'bpe' trained the
+# whole-window boundaries, today's 'bpe_oracle' (`read_spec` reads it so).
+SPEC_VERSION = 2
+
+
 def spec_of(run: Run, scoring: Scoring) -> dict:
-  """{'run', 'scoring'}: what a run is and how it is scored, as spec.json and result.json hold it."""
-  return {'run': dataclasses.asdict(run), 'scoring': dataclasses.asdict(scoring)}
+  """{'run', 'scoring', 'version'}: what a run is and how it is scored, as spec.json and result.json
+  hold it."""
+  return {
+      'run': dataclasses.asdict(run),
+      'scoring': dataclasses.asdict(scoring),
+      'version': SPEC_VERSION,
+  }
+
+
+def _oracle_bpe(run: dict) -> dict:
+  """A run spec of version 1 whose method is 'bpe', as today's name of what it trained."""
+  if run['method'] != 'bpe':
+    return run
+  renamed = [
+      o.replace('boundary.bpe.', 'boundary.bpe_oracle.', 1) for o in run.get('overrides', ())
+  ]
+  return dict(run, method='bpe_oracle', overrides=renamed)
 
 
 def write_spec(run_dir: str, run: Run, scoring: Scoring) -> None:
@@ -304,6 +324,8 @@ def read_spec(run_dir: str) -> tuple[Run, Scoring]:
     spec = json.load(f)
   if 'run' not in spec:
     spec = {'run': spec}
+  if spec.get('version', 1) < 2:
+    spec['run'] = _oracle_bpe(spec['run'])
   if 'scoring' not in spec:
     with open(os.path.join(run_dir, 'result.json')) as f:
       r = json.load(f)
@@ -371,6 +393,13 @@ def status(out_dir, run: Run, scoring: Scoring) -> str:
   """'done', 'rescore' (trained, scored otherwise than `scoring` asks), 'stopped' or 'new'."""
   d = os.path.join(out_dir, 'runs', run.name)
   if os.path.exists(os.path.join(d, 'result.json')):
+    held = read_spec(d)[0]
+    if held != run:
+      raise UserError(
+          f'{d} holds a run of {held.method}, not of {run.method} (a bpe run trained before bpe '
+          'became causal saw the whole window: it is bpe_oracle now); rename the folder to '
+          f'{held.name} and report it with --methods {held.method}.'
+      )
     with open(os.path.join(d, 'result.json')) as f:
       r = json.load(f)
     missing = [c for c in scoring.cross if c != run.corpus and c not in r.get('cross', {})]

@@ -19,6 +19,7 @@ from tokjax import significance
 from tokjax.data import baselines, corpora
 from tokjax.errors import UserError
 from tokjax.lab import common
+from tokjax.models import registry
 
 # The ordering of the paper's table: the reference at or below these (not found worse) ...
 PAPER_AT_OR_BELOW = ('bpe',)
@@ -123,6 +124,16 @@ def summarize(results, reference: str) -> list[dict]:
   return sorted(rows, key=lambda r: (r['budget'], r['seq_len'], r['test_bpb']))
 
 
+ORACLE = 'oracle (sees the future)'
+
+
+def sees_the_future(method: str) -> bool:
+  """Whether `method`'s boundaries read bytes after their position (its registry entry's
+  `lookahead`): its bpb is a likelihood given side information, never ranked with byte LMs."""
+  found = registry.methods().get(method)
+  return bool(found and found.lookahead)
+
+
 def family_name(split: str, budget: float, seq_len: int, corpus: str) -> str:
   """The name of a family of comparisons (`significance.FAMILY`): 'shakespeare test, 4e+06 B,
   L 256' in domain, 'stdlib out of domain, ...' for a corpus scored out of domain."""
@@ -141,11 +152,14 @@ def holm_families(rows, corpus: str) -> None:
     cells.setdefault((r['budget'], r['seq_len']), []).append(r)
   judged = []  # (record, its judgement), applied once every family is worked out.
   for (b, L), cell in cells.items():
-    best = {r['method']: r for r in cell if r['best_lr']}
+    best = {r['method']: r for r in cell if r['best_lr'] and not sees_the_future(r['method'])}
     records = lambda r: [('test', r.get('paired'))] + list(r.get('cross_paired', {}).items())
     for r in cell:
       for split, rec in records(r):
         if not rec:
+          continue
+        if sees_the_future(r['method']):  # A likelihood given later bytes: no byte LM to rank.
+          judged.append((rec, {'p_holm': None, 'family': None, 'verdict': ORACLE}))
           continue
         family = [rec] + [dict(records(o)).get(split) for m, o in best.items() if m != r['method']]
         family = [x for x in family if x]

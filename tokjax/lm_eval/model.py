@@ -105,6 +105,7 @@ class TokjaxLM(LM):
 
   def generate_until(self, requests, disable_tqdm: bool = False):
     del disable_tqdm
+    decoding.check_causal(self.ckpt.config)
     out = [None] * len(requests)
     groups = {}  # Requests with the same generation settings share batches.
     for i, r in enumerate(requests):

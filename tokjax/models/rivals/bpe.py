@@ -229,6 +229,8 @@ def cached_tokenizer_json(config, stage=None) -> str:
       # Tokenizers fitted before the pretokenize setting existed keep their cache key.
       + (() if settings.pretokenize == 'words' else (settings.pretokenize,))
       + (('causal', int(settings.context)) if causal else ())
+      # Fitted on a different training split (whole works held out): its own entry.
+      + (() if d.split_by == 'document' else (d.split_by,))
   )
   folder = os.path.join(d.data_dir or str(corpora.default_data_dir()), 'bpe')
   path = os.path.join(folder, hashlib.sha1(key.encode()).hexdigest()[:16] + '.json')
