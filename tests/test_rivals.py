@@ -473,7 +473,7 @@ def test_bpe_without_pretokenization_merges_across_words_and_is_cached_apart(tmp
 
   (tmp_path / 'corpus').mkdir()
   for i, d in enumerate(docs * 10):
-    (tmp_path / 'corpus' / f'{i}.txt').write_bytes(d)
+    (tmp_path / 'corpus' / f'{i}.txt').write_bytes(d + b'scene %d\n' % i)  # Twenty distinct files.
   c = config_defaults.base_config()
   c.data.corpus, c.data.data_dir = str(tmp_path / 'corpus'), str(tmp_path / 'cache')
   c.data.val_fraction = c.data.test_fraction = 0.2
@@ -484,6 +484,12 @@ def test_bpe_without_pretokenization_merges_across_words_and_is_cached_apart(tmp
     fitted[p] = bpe._load(bpe.cached_tokenizer_json(c))  # pylint: disable=protected-access
   assert len(os.listdir(tmp_path / 'cache' / 'bpe')) == 2
   assert inner_space(fitted['none']) and not inner_space(fitted['words'])
+  c.data.split_by = (
+      'unit'  # Another training split (each file a unit here): a tokenizer of its own.
+  )
+  bpe.cached_tokenizer_json(c)
+  assert len(os.listdir(tmp_path / 'cache' / 'bpe')) == 3
+  c.data.split_by = 'document'
   c.boundary.bpe.pretokenize = 'sentences'
   with pytest.raises(UserError, match='pretokenize'):
     config_validation.validate(c)
