@@ -128,6 +128,7 @@ def test_out_of_domain_uses_the_seeds_scored_there_and_names_them(tmp_path):
     r = _result(method, seed, [10.0, 10.0], 2.0)
     if cross_ce is not None:  # A run trained before --cross has no out-of-domain score.
       r['cross'] = {'code': _result(method, seed, cross_ce, cross_ce[0] / 100)['test']}
+      r['cross']['code']['rate'] = 0.2 + 0.05 * seed  # Each method's rate there is printed.
     return r
 
   policy = [run('policy', 0, None), run('policy', 1, [30.0, 30.0]), run('policy', 2, [32.0, 30.0])]
@@ -141,7 +142,11 @@ def test_out_of_domain_uses_the_seeds_scored_there_and_names_them(tmp_path):
   meta = dict(reference='policy', target_rate=0.2, command='ladder', corpus='c', unit_bytes=200)
   ladder_report.write_outputs(str(tmp_path), rows, meta)
   md = (tmp_path / 'results.md').read_text()
-  assert '0.325 (seeds 1,2) | +0.0144' in md and '0.310 (seeds 1,2) | (ref)' in md
+  assert row['cross_rate'] == {'code': pytest.approx(0.275)}
+  assert (
+      '0.325, rate 0.275 (seeds 1,2) | +0.0144' in md
+      and '0.310, rate 0.275 (seeds 1,2) | (ref)' in md
+  )
 
 
 def test_the_lr_is_picked_over_the_seeds_every_lr_has():

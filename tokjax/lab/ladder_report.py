@@ -114,6 +114,7 @@ def summarize(results, reference: str) -> list[dict]:
     for c in sorted({c for x in rs for c in x.get('cross', {})}):
       scored = [x for x in rs if c in x.get('cross', {})]
       row['cross_bpb'][c] = float(np.mean([x['cross'][c]['bpb'] for x in scored]))
+      row.setdefault('cross_rate', {})[c] = _mean(x['cross'][c].get('rate') for x in scored)
       row['cross_seeds'][c] = [x['run']['seed'] for x in scored]
       if paired:
         ref_scored = [x for x in ref if c in x.get('cross', {})]
@@ -417,7 +418,9 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
     def cross_bpb(r, c):
       seeds = r.get('cross_seeds', {}).get(c)
       also = f' (seeds {",".join(map(str, seeds))})' if seeds and seeds != r['seeds'] else ''
-      return fmt(r['cross_bpb'].get(c), 3) + also
+      rate = r.get('cross_rate', {}).get(c)
+      rate = f', rate {rate:.3f}' if rate is not None and rate < 0.999 else ''
+      return fmt(r['cross_bpb'].get(c), 3) + rate + also
 
     def paired(r, c):
       p = r.get('cross_paired', {}).get(c)
@@ -429,7 +432,8 @@ def write_outputs(out_dir, rows, meta, markdown: bool = True) -> None:
         '',
         '## Out of domain',
         '',
-        'The same checkpoints scored on the test split of other corpora: bpb (over the seeds '
+        'The same checkpoints scored on the test split of other corpora: bpb and chunk rate (over '
+        'the seeds '
         "scored there, named where fewer than the row's) and the paired difference to "
         f'`{ref}` over the seeds both were scored at, +- its combined s.e., its raw and '
         'Holm-adjusted p (each corpus its own family) and the verdict by the adjusted one.',
