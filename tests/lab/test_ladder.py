@@ -391,6 +391,18 @@ def test_a_stopped_ladder_resumes_and_ends_as_an_uninterrupted_one(tmp_path, uni
   assert f'Classical baselines, test: {baselines.describe(found["test"])}' in (
       (stopped / 'results.md').read_text()
   )
+  # Its table written apart from its runs (--runs_in): the same rows, no run moved or trained.
+  apart = tmp_path / 'apart'
+  proc = subprocess.run(
+      _ladder(apart, '--report', '--runs_in', str(stopped), **two),
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  with open(stopped / 'results.json') as f, open(apart / 'results.json') as g:
+    assert json.load(f)['rows'] == json.load(g)['rows']
+  assert not (apart / 'runs').exists()
   assert ladder.status(str(stopped), run, ladder.Scoring(scoring.unit_bytes, ('stdlib_docs',))) == (
       'rescore'
   )

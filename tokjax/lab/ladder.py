@@ -724,16 +724,18 @@ def main(argv):
         )
   check_corpora([f.corpus, *f.cross], base.data)  # Before any worker starts.
   shared = cross_shared(f.corpus, f.cross, base, f.allow_shared_cross)
-  os.makedirs(os.path.join(f.out, 'runs'), exist_ok=True)
+  root = f.runs_in or f.out  # Its runs/ holds the run folders.
+  os.makedirs(os.path.join(root, 'runs'), exist_ok=True)
+  os.makedirs(f.out, exist_ok=True)
   os.environ.setdefault(
       'JAX_COMPILATION_CACHE_DIR', os.path.expanduser('~/.cache/tokjax/xla-ladder')
   )
   failures = 0
   if not f.report:
     failures = execute(
-        f.out, runs, scoring, f.jobs, f.resume, f.progress_s, batch_size, f.cores_per_job
+        root, runs, scoring, f.jobs, f.resume, f.progress_s, batch_size, f.cores_per_job
     )
-  results = load_results(f.out, runs)
+  results = load_results(root, runs)
   meta = {
       'corpus': f.corpus,
       # The command that trains these runs (a --report of them runs the same grid).
@@ -812,6 +814,12 @@ def define_flags():
   )
   flags.DEFINE_float('progress_s', 60.0, 'Seconds between progress lines.')
   flags.DEFINE_string('out', 'results/ladder/run', 'Results folder.')
+  flags.DEFINE_string(
+      'runs_in',
+      None,
+      'Folder whose runs/ holds the run folders (default: --out), so that a table of some of its '
+      'runs (other seeds, a subset of methods) is written to --out apart from its own.',
+  )
   flags.DEFINE_string('worker', None, 'Internal: train and score the run in this folder.')
   flags.DEFINE_list('cores', [], 'Internal: the cores a worker runs on.')
 
