@@ -304,6 +304,18 @@ def test_a_bpe_run_recorded_before_bpe_became_causal_reads_as_the_oracle(tmp_pat
   )
 
 
+def test_a_table_reads_an_old_bpe_record_under_its_oracle_name(tmp_path):
+  oracle = ladder.Run('bpe_oracle', 4e6, 0, 256, 8e-3)
+  spec = ladder.spec_of(ladder.Run('bpe', 4e6, 0, 256, 8e-3), ladder.Scoring())
+  del spec['version']
+  result = _result('bpe', 0, [10.0, 11.0], 2.0) | spec | {'unit_bytes': 2048}
+  d = tmp_path / 'runs' / oracle.name  # Where a committed record moved.
+  d.mkdir(parents=True)
+  (d / 'result.json').write_text(json.dumps(result))
+  (r,) = ladder.load_results(str(tmp_path), [oracle])
+  assert r['run']['method'] == 'bpe_oracle' and r['test'] == result['test']
+
+
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
   """A tiny ladder run trained without a stop, started in the background; call to wait for it.

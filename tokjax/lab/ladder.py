@@ -544,6 +544,7 @@ def load_results(out_dir, runs) -> list[dict]:
     if os.path.exists(path):
       with open(path) as f:
         r = json.load(f)
+      r['run'] = dataclasses.asdict(read_spec(os.path.dirname(path))[0])  # In today's names.
       ladder_report.with_documents(r, run, splits)
       out.append(r)
   return out
