@@ -23,10 +23,12 @@ VARIANTS = {name: m.description for name, m in registry.methods().items()}
 
 BUDGET_BYTES = 4e6
 LEARNING_RATE = 8e-3
-# Per-method settings that put each method's realised rate within 0.02 of the target 0.2.
+# Per-method settings that put each method's realised rate within 0.02 of the target 0.2 (causal
+# BPE's lowest reachable rate on Shakespeare is above it: merges across words bring it closest).
 RATE_MATCHING = {
     'hnet': {'boundary.hnet.ratio_weight': 0.3},
     'bpe': {'boundary.bpe.pretokenize': 'none'},
+    'bpe_oracle': {'boundary.bpe_oracle.pretokenize': 'none'},
 }
 
 

@@ -496,12 +496,13 @@ def test_bad_ladder_flags_get_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith('error:') and words in lines[0], err
 
 
-@pytest.mark.parametrize('method', ['policy', 'bpe', 'hnet', 'uniform'])
+@pytest.mark.parametrize('method', ['policy', 'bpe', 'bpe_oracle', 'hnet', 'uniform'])
 def test_the_proxy_config_is_the_ladders_run_of_its_rung(method):
   """configs/proxy.py promises the ladder's numbers for its rung, so it must train that run."""
   overrides = {
       'hnet': ('boundary.hnet.ratio_weight=0.3',),
       'bpe': ('boundary.bpe.pretokenize=none',),
+      'bpe_oracle': ('boundary.bpe_oracle.pretokenize=none',),
   }.get(method, ())
   run = ladder.Run(method, 4e6, 0, 256, 8e-3, overrides, corpus='shakespeare')
   want = ladder.build_config(run).to_dict()
