@@ -90,6 +90,8 @@ def _non_finite_flag() -> str | None:
   """The line for the first float flag given a NaN or an infinity: absl's bounds let NaN through,
   and no command's float means either."""
   for name in sorted(flags.FLAGS):
+    if '.' in name:  # A --config.FIELD override: validation names the config field.
+      continue
     flag = flags.FLAGS[name]
     if flag.present and isinstance(flag.value, float) and not math.isfinite(flag.value):
       return f'--{name}={flag.value} must be a finite number.'
