@@ -173,6 +173,8 @@ def tiny_flags(workdir: str, **overrides) -> list[str]:
 # process: the command lines differ only past start-up, which is mostly importing jax.
 _COMMAND_LINES = """
 import contextlib, importlib, io, json, sys
+for name in json.loads(sys.argv[3]):  # Packages made unimportable, as if not installed.
+  sys.modules[name] = None
 from absl import flags
 from tokjax import cli
 module = importlib.import_module(sys.argv[1])
@@ -195,11 +197,14 @@ print(json.dumps(ended))
 """
 
 
-def command_lines(module: str, argvs: list[list[str]], cwd=None) -> list[tuple[int, str]]:
+def command_lines(
+    module: str, argvs: list[list[str]], cwd=None, missing: tuple[str, ...] = ()
+) -> list[tuple[int, str]]:
   """(exit code, stderr) of `python -m module *argv` for each argv, run in one process (the module
-  defines its flags with `define_flags` and runs `cli.run(main)`, as tokjax's commands do)."""
+  defines its flags with `define_flags` and runs `cli.run(main)`, as tokjax's commands do).
+  missing: packages that fail to import in that process (an optional extra not installed)."""
   proc = subprocess.run(
-      [sys.executable, '-c', _COMMAND_LINES, module, json.dumps(argvs)],
+      [sys.executable, '-c', _COMMAND_LINES, module, json.dumps(argvs), json.dumps(missing)],
       cwd=cwd,
       capture_output=True,
       text=True,

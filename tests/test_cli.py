@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+from conftest import command_lines
 import numpy as np
 import pytest
 
@@ -178,3 +179,87 @@ def test_prepare_into_an_unwritable_folder_is_one_line_with_the_shared_exit_code
   assert proc.returncode == 2
   (line,) = _error_lines(proc)
   assert line.startswith(f'error: cannot write to --out {out}')
+
+
+def _bad_command_lines(tmp_path):
+  """{command: [(flags, words of its one error line)]}. The run folder holds no run: a command that
+  read it before checking its flags and its output place would say so instead. `blocked` is a file,
+  so nothing can be made under it (tests run as root, whom a read-only folder does not stop)."""
+  run, blocked, text = tmp_path / 'run', tmp_path / 'blocked', tmp_path / 'a.txt'
+  under = f'--out={blocked}/out'
+  evaluate = [f'--checkpoint={run}']
+  segment = [f'--checkpoint={run}', str(text)]
+  sample = [f'--checkpoint={run}', '--prompt=a']
+  lm_eval = [f'--checkpoint={run}', '--tasks=arc_easy']
+  return {
+      'tokjax.evaluate': [
+          ([*evaluate, under], f'cannot write to --out {blocked}/out: {blocked} is a file'),
+          ([*evaluate, '--out='], '--out is empty'),
+          ([*evaluate, '--max_batches=-1'], '--max_batches=-1: -1 is not a non-negative integer'),
+          ([*evaluate, '--step=-2'], '--step=-2: -2 is not a non-negative integer'),
+      ],
+      'tokjax.segment': [
+          ([*segment, under], f'cannot write to --out {blocked}/out: {blocked} is a file'),
+          ([*segment, str(text)], 'takes only one FILE'),
+          ([*segment, f'--file={text}'], 'both name the file'),
+          ([*segment, '--seed=-1'], '--seed=-1: -1 is not a non-negative integer'),
+          ([*segment, '--png_bytes=0'], '--png_bytes=0: 0 is not'),
+      ],
+      'tokjax.sample': [
+          ([*sample, '--temperature=nan'], '--temperature=nan must be a finite number'),
+          ([*sample, '--temperature=inf'], '--temperature=inf must be a finite number'),
+          ([*sample, '--seed=-1'], '--seed=-1: -1 is not a non-negative integer'),
+      ],
+      'tokjax.lm_eval.__main__': [
+          ([*lm_eval, under], f'cannot write to --out {blocked}/out: {blocked} is a file'),
+          (
+              [*lm_eval, '--include_path=/nonexistent'],
+              '--include_path /nonexistent is not a folder',
+          ),
+          ([*lm_eval, '--limit=nan'], '--limit=nan must be a finite number'),
+          ([*lm_eval, '--batch_size=0'], '--batch_size=0: 0 is not'),
+          ([*lm_eval, '--boundaries=sample', '--draws=0'], '--draws=0: 0 is not'),
+      ],
+      'tokjax.export.__main__': [
+          ([f'--checkpoint={run}', under], f'cannot write to --out {blocked}/out'),
+          ([f'--import={run}', under], f'cannot write to --out {blocked}/out'),
+          ([f'--checkpoint={run}', '--out='], '--out is empty'),
+          ([f'--checkpoint={run}', '--step=-1'], '--step=-1: -1 is not a non-negative integer'),
+      ],
+  }
+
+
+@pytest.mark.parametrize(
+    'command',
+    [
+        'tokjax.evaluate',
+        'tokjax.segment',
+        'tokjax.sample',
+        'tokjax.lm_eval.__main__',
+        'tokjax.export.__main__',
+    ],
+)
+def test_bad_flags_and_output_places_are_one_line_before_the_work(command, tmp_path):
+  (tmp_path / 'run').mkdir()
+  (tmp_path / 'blocked').write_text('a file')
+  (tmp_path / 'a.txt').write_text('some text to segment\n')
+  cases = _bad_command_lines(tmp_path)[command]
+  before = sorted(p.name for p in tmp_path.rglob('*'))
+  for (code, err), (args, words) in zip(command_lines(command, [a for a, _ in cases]), cases):
+    assert code == 2 and 'Traceback' not in err, (args, err[-2000:])
+    lines = [l for l in err.splitlines() if l.startswith('error:')]
+    assert len(lines) == 1 and words in lines[0], (args, err[-2000:])
+  assert sorted(p.name for p in tmp_path.rglob('*')) == before  # Nothing written, nor left over.
+
+
+def test_export_and_import_without_the_extra_print_the_install_line(tmp_path):
+  argvs = [
+      [f'--checkpoint={tmp_path}', f'--out={tmp_path}/out'],
+      [f'--import={tmp_path}', f'--out={tmp_path}/out'],
+  ]
+  missing = ('safetensors', 'torch', 'transformers')
+  for code, err in command_lines('tokjax.export.__main__', argvs, missing=missing):
+    assert code == 2 and 'Traceback' not in err, err[-2000:]
+    (line,) = [l for l in err.splitlines() if l.startswith('error:')]
+    assert "is missing): pip install -e '.[export]'" in line, line
+  assert not os.path.exists(f'{tmp_path}/out')

@@ -205,9 +205,33 @@ BAD_INPUT = [
     (('--config.train.keep_checkpoints=-1',), 'keep_checkpoints=-1 must be a whole number'),
     (('--config.train.workdir=',), 'config.train.workdir is empty'),
     (('--overwrite', '--resume'), '--overwrite deletes the run that --resume would continue'),
+    (
+        ('--config.boundary.window=-1',),
+        'config.boundary.window moved to config.boundary.policy.window (commit 3911346); pass '
+        '--config.boundary.policy.window=-1',
+    ),
+    (('--config.estimator.kind=x',), 'config.estimator.kind was removed'),
+    (
+        ('--config.train.profile_steps=(5,2)',),
+        'config.train.profile_steps=(5, 2) must be two step numbers (N, M) with 0 <= N <= M',
+    ),
+    (('--config.train.profile_steps=(-1,2)',), 'profile_steps=(-1, 2) must be two step numbers'),
+    (('--config.seed=-1',), 'config.seed=-1 must be a whole number of at least 0'),
+    (('--config.optim.warmup_steps=-3',), 'config.optim.warmup_steps=-3 must be a whole number'),
+    (('--config.optim.lr=nan',), 'config.optim.lr=nan must be a finite number'),
 ]
 # Refused before the workdir is made: nothing is touched.
-UNTOUCHED = ('keep_checkpoints', 'workdir=', '--overwrite')
+UNTOUCHED = (
+    'keep_checkpoints',
+    'workdir=',
+    '--overwrite',
+    'boundary.window',
+    'estimator.kind',
+    'profile_steps',
+    'seed',
+    'warmup_steps',
+    'optim.lr',
+)
 
 
 def test_cli_reports_bad_input_on_one_line_without_traceback(tmp_path):

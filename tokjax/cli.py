@@ -6,6 +6,7 @@ Third-party INFO logs (absl, orbax, jax) are off by default: only warnings and e
 """
 
 import logging as std_logging
+import math
 import re
 import sys
 
@@ -15,6 +16,14 @@ from tokjax import errors
 from tokjax.errors import Interrupted, UserError
 
 HELP_FLAGS = ('-h', '--help', '-?', '--helpshort', '--helpfull')
+# The flag that a lone positional argument sets (`positional`), for the command being run.
+_positional: list[str] = []
+
+
+def positional(flag: str) -> None:
+  """Lets the command take one positional argument as --flag (segment's FILE); called by its
+  `define_flags`. More than one, or one with --flag given too, is one line."""
+  _positional[:] = [flag]
 
 
 def fail(message: str) -> None:
@@ -53,6 +62,42 @@ def _config_error(e: BaseException) -> str:
   )
 
 
+def _unknown_key(arg: str | None, error: BaseException) -> str:
+  """The line for an unknown --config.KEY: where the key lives now if a saved-config migration moved
+  it (`tokjax.config.saved.MIGRATIONS`), else where the fields are listed."""
+  if arg is None:
+    return f'unknown config key {error}; check the field names in tokjax/config/defaults.py.'
+  name, _, value = arg.removeprefix('--config.').partition('=')
+  from tokjax.config import saved  # pylint: disable=g-import-not-at-top  (commands without a config)
+
+  moved = saved.moved(name)
+  if moved is None:
+    return f'unknown config key {arg}; check the field names in tokjax/config/defaults.py.'
+  if moved.new is None:
+    return f'config.{name} was removed (commit {moved.commit}); drop --config.{name}.'
+  if moved.convert is not None:  # The new field reads other values: do not carry this one over.
+    return (
+        f'config.{name} became config.{moved.new} (commit {moved.commit}); set '
+        f'--config.{moved.new} instead (its values: tokjax/config/defaults.py).'
+    )
+  return (
+      f'config.{name} moved to config.{moved.new} (commit {moved.commit}); pass '
+      f'--config.{moved.new}={value}.'
+  )
+
+
+def _non_finite_flag() -> str | None:
+  """The line for the first float flag given a NaN or an infinity: absl's bounds let NaN through,
+  and no command's float means either."""
+  for name in sorted(flags.FLAGS):
+    if '.' in name:  # A --config.FIELD override: validation names the config field.
+      continue
+    flag = flags.FLAGS[name]
+    if flag.present and isinstance(flag.value, float) and not math.isfinite(flag.value):
+      return f'--{name}={flag.value} must be a finite number.'
+  return None
+
+
 def _parse(argv):
   _help(argv)
   try:
@@ -60,6 +105,9 @@ def _parse(argv):
     for name in ('config',):  # Config files load lazily: load now, so a bad path is reported here.
       if name in flags.FLAGS and flags.FLAGS[name].value is not None:
         _ = flags.FLAGS[name].value.keys()
+    bad = _non_finite_flag()
+    if bad:
+      fail(bad)
     return args
   except UserError as e:  # A config file's get_config rejecting its argument (e.g. a variant).
     fail(str(e))
@@ -79,7 +127,7 @@ def _parse(argv):
         ),
         None,
     )
-    fail(f'unknown config key {key or e}; check the field names in tokjax/config/defaults.py.')
+    fail(_unknown_key(key, e))
   except (IOError, OSError) as e:
     fail(_config_error(e))
   except (NameError, ImportError, TypeError, ValueError) as e:
@@ -92,7 +140,17 @@ def run(main) -> None:
 
   def wrapped(argv):
     quiet_logs()
-    if len(argv) > 1:
+    if len(argv) > 1 and _positional:
+      name = _positional[0]
+      if len(argv) > 2:
+        fail(
+            f'{len(argv) - 1} positional arguments {argv[1:]}; this command takes only one '
+            f'{name.upper()} (or --{name}), every other option is a --flag.'
+        )
+      if flags.FLAGS[name].present:
+        fail(f'{argv[1]!r} and --{name}={flags.FLAGS[name].value} both name the {name}; pass one.')
+      flags.FLAGS[name].value = argv[1]
+    elif len(argv) > 1:
       fail(f'unexpected arguments {argv[1:]}; every option is a --flag.')
     try:
       main(argv)

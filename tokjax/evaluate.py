@@ -199,6 +199,11 @@ def run_evaluation(
   """
   if split not in pipeline.SPLITS:
     raise UserError(f'--split={split!r} is not a split; use one of {pipeline.SPLITS}.')
+  if max_batches is not None and max_batches < 0:
+    raise UserError(f'--max_batches={max_batches} must be 0 (every batch) or more.')
+  # A local path or URL prefix; checked before the work, not after it.
+  out = os.fspath(paths.join(checkpoint, f'eval_{split}') if out is None else out)
+  paths.check_writable(out, '--out', '.json')
   ckpt = checkpointing.load_checkpoint(checkpoint, step)
   config = ckpt.config
   if max_batches is None:
@@ -249,7 +254,6 @@ def run_evaluation(
       'reference_bpb': baselines.reference(splits, split, config.data.data_dir or None),
       'modes': modes,
   }
-  out = os.fspath(out or paths.join(checkpoint, f'eval_{split}'))  # A local path or URL prefix.
   paths.resolve(out).parent.mkdir(parents=True, exist_ok=True)
   paths.write_text(out + '.json', json.dumps(report, indent=1))
   paths.write_text(out + '.md', to_markdown(report))
@@ -269,9 +273,13 @@ def define_flags():
       None,
       "Evaluate at most this many batches (0: all; default: the saved config's eval.max_batches "
       'for --split val, as the trainer validates, else all).',
+      lower_bound=0,
   )
   flags.DEFINE_integer(
-      'step', None, 'Checkpoint step that must load (default: the latest step that loads).'
+      'step',
+      None,
+      'Checkpoint step that must load (default: the latest step that loads).',
+      lower_bound=0,
   )
   flags.DEFINE_bool('bpe', True, 'Score boundaries against BPE token starts (trains a BPE).')
 

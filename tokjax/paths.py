@@ -9,6 +9,7 @@ fails with one UserError line that names the package instead of an ImportError d
   paths.makedirs(root)                            # mkdir -p
   paths.write_text(paths.join(root, 'config.json'), text)
   if paths.exists(paths.join(root, 'metrics.jsonl')): ...
+  paths.check_writable(out, '--out')              # before a command's work: one line, not a crash
 
 Local paths keep their meaning (`~` is expanded); `is_local` tells callers that need a POSIX file
 (the ArrayRecord reader does) whether they have one. `lock` / `is_locked` / `lock_owner`: an
@@ -17,6 +18,7 @@ exclusive file lock (fcntl.flock) on a local file, which a process holds until i
 
 import fcntl
 import os
+import tempfile
 import time
 
 from etils import epath
@@ -117,6 +119,37 @@ def absolute(path: str | os.PathLike) -> str:
   the URL unchanged (a `file://` URL becomes its local path)."""
   p = resolve(path)
   return os.path.abspath(p) if is_local(path) else os.fspath(p)
+
+
+def check_writable(path: str | os.PathLike, flag: str, suffix: str = '') -> None:
+  """UserError unless this process can create the file or folder `path` + `suffix` (`path`: the
+  value of `flag`, e.g. '--out'; suffix: what a command adds to a file prefix, '.json'). A command
+  checks where it will write before its work, so a place it cannot write to costs one line instead
+  of the whole computation. Creates nothing: a probe file in the nearest folder that exists is
+  written and removed. An empty path is refused (it would name the current folder). A URL's bucket
+  is not probed (its package is checked by `resolve`)."""
+  text = os.fspath(path)
+  if not text.strip():
+    raise UserError(f'{flag} is empty; pass the path to write to.')
+  resolved = resolve(text + suffix)
+  if not is_local(path):
+    return
+  target = os.path.abspath(resolved)
+  folder = os.path.dirname(target)
+  while not os.path.lexists(folder):
+    folder = os.path.dirname(folder)
+  if not os.path.isdir(folder):
+    raise UserError(
+        f'cannot write to {flag} {text}: {folder} is a file, not a folder; choose another path.'
+    )
+  try:
+    fd, probe = tempfile.mkstemp(dir=folder, prefix='.tokjax-write-test-')
+    os.close(fd)
+    os.unlink(probe)
+  except OSError as e:
+    raise UserError(
+        f'cannot write to {flag} {text} ({e.strerror or e}); choose a folder you can write.'
+    ) from None
 
 
 def rmtree(path: str | os.PathLike) -> None:

@@ -16,6 +16,22 @@ import os
 
 import jax
 
+from tokjax.errors import UserError
+
+
+def validate(config) -> None:
+  """UserError unless config.train.profile_steps is (0, 0) (off) or a window (N, M) of steps,
+  0 <= N <= M (both traced)."""
+  window = config.train.profile_steps
+  ok = isinstance(window, (tuple, list)) and len(window) == 2
+  ok = ok and all(isinstance(s, int) and not isinstance(s, bool) for s in window)
+  if not ok or not 0 <= window[0] <= window[1]:
+    raise UserError(
+        f'config.train.profile_steps={tuple(window) if ok else window!r} must be two step numbers '
+        '(N, M) with 0 <= N <= M (steps N to M are traced), or (0, 0) for no trace; e.g. '
+        "--config.train.profile_steps='(5, 8)'."
+    )
+
 
 class StepProfiler:
   """Starts a trace before step `first` and stops it after step `last` (inclusive)."""

@@ -108,14 +108,17 @@ def define_flags():
   flags.DEFINE_integer('num_bytes', 200, 'Bytes to generate.')
   flags.DEFINE_float('temperature', 0.8, 'Sampling temperature (0: most likely byte).')
   flags.DEFINE_integer('top_k', 40, 'Sample among the k most likely bytes (0: all).')
-  flags.DEFINE_integer('seed', 0, 'Key of the boundary and byte draws.')
+  flags.DEFINE_integer('seed', 0, 'Key of the boundary and byte draws.', lower_bound=0)
   flags.DEFINE_string(
       'boundaries', 'sample', 'Boundary decisions: sample (from the policy) or greedy.'
   )
   flags.DEFINE_bool('no_cache', False, 'Recompute the whole sequence for every byte.')
   flags.DEFINE_bool('compare', False, 'Run cached and uncached generation and compare them.')
   flags.DEFINE_integer(
-      'step', None, 'Checkpoint step that must load (default: the latest step that loads).'
+      'step',
+      None,
+      'Checkpoint step that must load (default: the latest step that loads).',
+      lower_bound=0,
   )
 
 

@@ -23,7 +23,6 @@ cuts a document: the first starts with BOS, every later one with cut text and no
 
 import json
 import os
-import sys
 
 from absl import flags
 import jax
@@ -168,6 +167,9 @@ def segment_file(
   if mode not in ('greedy', 'sample'):
     raise UserError(f'--mode={mode!r} is not valid; use greedy or sample.')
   text = read_text(file)
+  # A local path or URL prefix; checked before the work, not after it.
+  out = os.fspath(paths.join(checkpoint, 'segment', os.path.basename(file)) if out is None else out)
+  paths.check_writable(out, '--out', '.txt')
   ckpt = checkpointing.load_checkpoint(checkpoint, step)
   config = ckpt.config
   if not ckpt.model.num_stages:
@@ -181,8 +183,6 @@ def segment_file(
   )
   by_level = [tokenization.chunk_offsets(actions, s) for s in range(len(actions))]
   offsets = by_level[0]
-  # A local path or URL prefix.
-  out = os.fspath(out or paths.join(checkpoint, 'segment', os.path.basename(file)))
   paths.resolve(out).parent.mkdir(parents=True, exist_ok=True)
   title = f'{os.path.basename(file)}: {mode} boundaries of {checkpoint} (step {ckpt.step})'
   outputs = {k: f'{out}.{k}' for k in ('txt', 'json', 'html', 'png')}
@@ -225,11 +225,15 @@ def define_flags():
   flags.DEFINE_string('out', None, 'Output prefix (default DIR/segment/FILENAME).')
   flags.DEFINE_string('mode', 'greedy', 'Boundaries: greedy (p > 0.5) or sample.')
   flags.DEFINE_string('delimiter', '|', 'Written after each chunk in the .txt output.')
-  flags.DEFINE_integer('seed', 0, 'Key for --mode=sample.')
-  flags.DEFINE_integer('png_bytes', 1024, 'Bytes shown in the PNG heatmap.')
+  flags.DEFINE_integer('seed', 0, 'Key for --mode=sample.', lower_bound=0)
+  flags.DEFINE_integer('png_bytes', 1024, 'Bytes shown in the PNG heatmap.', lower_bound=1)
   flags.DEFINE_integer(
-      'step', None, 'Checkpoint step that must load (default: the latest step that loads).'
+      'step',
+      None,
+      'Checkpoint step that must load (default: the latest step that loads).',
+      lower_bound=0,
   )
+  cli.positional('file')
 
 
 def main(argv):
@@ -256,21 +260,6 @@ def main(argv):
   print('wrote', *res['paths'].values())
 
 
-def positional_file(argv: list[str]) -> list[str]:
-  """Turns a lone positional FILE into --file=FILE (tokjax.cli accepts flags only)."""
-  try:
-    rest = flags.FLAGS(list(argv), known_only=True)[1:]
-  except flags.Error:
-    return argv  # cli.run reports the flag error itself.
-  finally:
-    flags.FLAGS.unparse_flags()
-  if len(rest) == 1 and not rest[0].startswith('-'):
-    i = len(argv) - 1 - argv[::-1].index(rest[0])
-    return argv[:i] + [f'--file={rest[0]}'] + argv[i + 1 :]
-  return argv
-
-
 if __name__ == '__main__':
   define_flags()
-  sys.argv = positional_file(sys.argv)
   cli.run(main)

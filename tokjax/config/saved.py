@@ -139,6 +139,13 @@ MIGRATIONS = (
 )
 
 
+def moved(dotted: str) -> Migration | None:
+  """The last migration that renamed or removed config.`dotted` (None if none did, or if the name
+  is still a field there), so that a command line with an old name can say where it lives now."""
+  found = [m for m in MIGRATIONS if m.old == dotted and m.new != dotted]
+  return found[-1] if found else None
+
+
 def _pop(tree: dict, dotted: str):
   """Removes and returns tree[a][b]... for dotted 'a.b...' (KeyError when absent)."""
   *parents, leaf = dotted.split('.')

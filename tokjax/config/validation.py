@@ -5,7 +5,8 @@ each section of the config is checked by the code that reads it:
   data, eval                      tokjax/data/pipeline.py (`build_data` reads both)
   model, boundary, stages         tokjax/models/validation.py, on each `tokjax.stages.Stage` (a
                                   boundary method's own settings by its registry entry's `validate`)
-  train, optim                    tokjax/trainer.py
+  train, optim                    tokjax/trainer.py (train.profile_steps: tokjax/profiling.py)
+  seed, optim.warmup_steps        here (`_check_counts`)
   estimator, stages' estimator    tokjax/estimator.py (a baseline's own section by its `validate`)
 """
 
@@ -13,7 +14,7 @@ import math
 
 import ml_collections
 
-from tokjax import estimator, models, stages, trainer
+from tokjax import estimator, models, profiling, stages, trainer
 from tokjax.config import defaults as config_defaults
 from tokjax.data import pipeline
 from tokjax.errors import UserError
@@ -74,12 +75,28 @@ def _check_sections(config) -> None:
         )
 
 
+def _check_counts(config) -> None:
+  """Whole numbers that must not be negative: the seeds (jax.random.PRNGKey takes none below 0) and
+  optim.warmup_steps (a negative warm-up made the schedule start past its peak)."""
+  for field in ('seed', 'data.split_seed', 'optim.warmup_steps'):
+    value = config
+    for part in field.split('.'):
+      value = value[part]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+      raise UserError(
+          f'config.{field}={value!r} must be a whole number of at least 0; e.g. '
+          f'--config.{field}=0.'
+      )
+
+
 def validate(config) -> None:
   """Raises UserError naming the first bad field and what it accepts."""
   bad = _non_finite(config.to_dict(), 'config')
   if bad:
     raise UserError(f'{bad[0]}={bad[1]!r} must be a finite number.')
   _check_sections(config)
+  _check_counts(config)
+  profiling.validate(config)
   pipeline.validate(config)
   model_validation.validate(config)
   trainer.validate(config)

@@ -18,7 +18,9 @@ from tokjax.errors import UserError
 
 def define_flags():
   flags.DEFINE_string('checkpoint', None, 'Run folder of a training run (its workdir) to export.')
-  flags.DEFINE_integer('step', None, 'Checkpoint step to export (default: the latest).')
+  flags.DEFINE_integer(
+      'step', None, 'Checkpoint step to export (default: the latest).', lower_bound=0
+  )
   flags.DEFINE_string(
       'import', None, 'An export folder to turn back into a tokjax run (written to --out).'
   )
@@ -38,9 +40,15 @@ def main(argv):
         '--checkpoint is required: pass the run folder of a training run (or --import DIR to '
         'turn an export folder back into a run).'
     )
-  if not f.out:
+  if f.out is None:
     raise UserError('--out is required: the new folder to write.')
   if source:
+    try:  # What the import reads the weights with, from the same extra as the export's.
+      import safetensors.numpy  # pylint: disable=g-import-not-at-top,unused-import  # noqa: F401
+    except ImportError as e:
+      raise UserError(
+          f"importing needs the optional extra ({e.name} is missing): pip install -e '.[export]'."
+      ) from None
     from tokjax.export import importer  # pylint: disable=g-import-not-at-top
 
     done = importer.import_export(source, f.out)

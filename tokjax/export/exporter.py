@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 
 import tokjax
-from tokjax import checkpointing, metric_writers
+from tokjax import checkpointing, metric_writers, paths
 from tokjax.errors import UserError
 from tokjax.export import mapping, spec
 
@@ -47,6 +47,9 @@ def require_torch():
 
 
 def check_out(out: str) -> None:
+  """UserError unless --out is a new or empty folder this process can create (`paths.check_writable`),
+  checked before the run is read."""
+  paths.check_writable(out, '--out')
   if os.path.exists(out) and not (os.path.isdir(out) and not os.listdir(out)):
     raise UserError(f'--out {out} exists and is not empty; pass a new or empty folder.')
 

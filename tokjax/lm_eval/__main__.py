@@ -22,20 +22,27 @@ from tokjax.errors import UserError
 
 def define_flags():
   flags.DEFINE_string('checkpoint', None, 'Run folder of a training run (its workdir).')
-  flags.DEFINE_integer('step', None, 'Checkpoint step that must load (default: the latest).')
+  flags.DEFINE_integer(
+      'step', None, 'Checkpoint step that must load (default: the latest).', lower_bound=0
+  )
   flags.DEFINE_string('tasks', None, 'Comma-separated lm-eval task or group names.')
   flags.DEFINE_float('limit', None, 'Score at most this many samples per task (< 1: a fraction).')
   flags.DEFINE_string('boundaries', 'greedy', 'Boundary decisions: greedy or sample.')
-  flags.DEFINE_integer('draws', None, 'With --boundaries=sample: boundary draws K per text.')
-  flags.DEFINE_integer('batch_size', 8, 'Rows (windows) per forward pass.')
+  flags.DEFINE_integer(
+      'draws', None, 'With --boundaries=sample: boundary draws K per text.', lower_bound=1
+  )
+  flags.DEFINE_integer('batch_size', 8, 'Rows (windows) per forward pass.', lower_bound=1)
   flags.DEFINE_integer(
       'overlap',
       None,
-      'Context bytes of each rolling window after the first ' '(default seq_len // 2).',
+      'Context bytes of each rolling window after the first (default seq_len // 2).',
+      lower_bound=0,
   )
   flags.DEFINE_string('out', None, 'JSON file of the results (default RUN/lm_eval.json).')
   flags.DEFINE_string('include_path', None, "Folder(s) of extra task YAML files, joined by ':'.")
-  flags.DEFINE_integer('seed', 0, 'Key of the boundary and byte draws, and lm-eval seeds.')
+  flags.DEFINE_integer(
+      'seed', 0, 'Key of the boundary and byte draws, and lm-eval seeds.', lower_bound=0
+  )
 
 
 def main(argv):
@@ -54,6 +61,15 @@ def main(argv):
     )
   if f.limit is not None and f.limit <= 0:
     raise UserError(f'--limit={f.limit} must be positive.')
+  for folder in (f.include_path or '').split(':'):
+    if folder and not os.path.isdir(folder):
+      raise UserError(
+          f'--include_path {folder} is not a folder; pass the folder(s) of your task YAML files, '
+          "joined by ':'."
+      )
+  # Before the tasks and the checkpoint load: a place that cannot be written costs one line.
+  out = os.fspath(paths.join(f.checkpoint, 'lm_eval.json') if f.out is None else f.out)
+  paths.check_writable(out, '--out')
   from tokjax import lm_eval as pkg  # pylint: disable=g-import-not-at-top
 
   pkg.require_lm_eval()
@@ -85,7 +101,6 @@ def main(argv):
       'limit': f.limit,
   }
   print(tasks.table(report))
-  out = os.fspath(f.out or paths.join(f.checkpoint, 'lm_eval.json'))
   paths.resolve(out).parent.mkdir(parents=True, exist_ok=True)
   paths.write_text(out, json.dumps(report, indent=1, default=str))
   print('wrote', out)
