@@ -5,6 +5,7 @@ method, two stages and the flat model, and one-line refusals that write nothing.
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,6 +101,51 @@ def test_folder_holds_every_file_with_pytorch_layout(exported):
   assert config['bos_token_id'] == BOS_ID and config['tokjax']['step'] == ckpt.step
   card = open(os.path.join(out, 'README.md')).read()
   assert 'val bpb' in card and ckpt.config.data.corpus in card
+  # Every file readable as the umask allows, the weights too (safetensors' own writer gives 0600).
+  umask = os.umask(0)
+  os.umask(umask)
+  modes = {name: os.stat(os.path.join(out, name)).st_mode & 0o777 for name in os.listdir(out)}
+  assert modes == {name: 0o666 & ~umask for name in modes}, modes
+  # A hierarchical model's config.json holds no field of the flat model's.
+  assert not {'num_layers', 'mlp_ratio'} & set(config), sorted(config)
+
+
+def test_step_records_that_steps_own_val_bpb(exported, tiny_run, tmp_path):
+  out, ckpt = exported
+  logged = {
+      r['step']: r['bpb']
+      for r in map(json.loads, open(os.path.join(tiny_run, 'metrics.jsonl')))
+      if r.get('split') == 'val'
+  }
+  assert set(logged) >= {3, ckpt.step} and logged[3] != logged[ckpt.step]
+  early = str(tmp_path / 'step3')
+  exporter.export(tiny_run, early, step=3)
+  t = json.load(open(os.path.join(early, 'config.json')))['tokjax']
+  assert (t['step'], t['val_bpb'], t['val_bpb_step']) == (3, logged[3], 3)
+  card = open(os.path.join(early, 'README.md')).read()
+  assert '- training steps: 3\n' in card and f'- val bpb: {logged[3]:.4f} (step 3)\n' in card
+  # A step the run did not evaluate at: said so, not another step's number.
+  run = str(tmp_path / 'run')
+  shutil.copytree(tiny_run, run)
+  rows = [json.loads(line) for line in open(os.path.join(run, 'metrics.jsonl'))]
+  with open(os.path.join(run, 'metrics.jsonl'), 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in rows if (r.get('split'), r['step']) != ('val', 3))
+  assert exporter.val_bpb_at(run, 3) is None and exporter.val_bpb_at(run, 6) == logged[6]
+  fields = dict(t, val_bpb=None, val_bpb_step=None)
+  card = exporter.model_card(dict(spec.hf_config(ckpt.config), tokjax=fields), ckpt)
+  assert '- val bpb: not logged at step 3\n' in card
+
+
+def test_model_card_code_runs_without_a_prompt(exported, monkeypatch):
+  out, _ = exported
+  card = open(os.path.join(out, 'README.md')).read()
+  code = card.split('```python\n')[1].split('```')[0]
+  asked = []  # transformers asks on stdin before running a folder's code it was not told to trust.
+  monkeypatch.setattr('builtins.input', lambda *a: asked.append(a) or 'n')
+  scope = {'DIR': out}
+  exec(code, scope)  # pylint: disable=exec-used
+  assert not asked, asked
+  assert scope['out'].logits.shape[:2] == (1, len(b'To be, or not to be') + 1)
 
 
 def test_from_pretrained_without_jax_gives_tokjax_logits(exported, tmp_path):
@@ -162,6 +208,19 @@ def test_from_pretrained_refuses_missing_or_unexpected_weights(exported, tmp_pat
     save_file(changed, os.path.join(folder, 'model.safetensors'), metadata={'format': 'pt'})
     with pytest.raises(ValueError, match=f'does not fit the tokjax model.*{name}_keys'):
       AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+  # One weight of another shape: refused, never left uninitialised, even when asked to ignore it.
+  folder = str(tmp_path / 'mismatched')
+  shutil.copytree(out, folder)
+  want = tensors['head.proj.weight'].shape
+  changed = dict(tensors, **{'head.proj.weight': tensors['head.proj.weight'][:-1]})
+  save_file(changed, os.path.join(folder, 'model.safetensors'), metadata={'format': 'pt'})
+  got = (want[0] - 1, want[1])
+  for ignore in (False, True):
+    said = f'head.proj.weight has shape {got} in the checkpoint and {want} in the model'
+    with pytest.raises(ValueError, match=re.escape(said)):
+      AutoModelForCausalLM.from_pretrained(
+          folder, trust_remote_code=True, ignore_mismatched_sizes=ignore
+      )
 
 
 def test_gate_refuses_a_model_whose_logits_differ(exported):
@@ -210,6 +269,31 @@ def test_bad_input_is_one_line_and_writes_nothing(tiny_run, tmp_path):
   with pytest.raises(UserError, match="config.boundary.method='uniform' cannot be exported"):
     exporter.export(run, fresh)
   assert not os.path.exists(fresh) and not [f for f in os.listdir(tmp_path) if 'partial' in f]
+
+
+def test_config_json_holds_its_kinds_fields_and_earlier_exports_load(exported, tmp_path):
+  from transformers import AutoModelForCausalLM  # pylint: disable=g-import-not-at-top
+
+  from tokjax.export import configuration_tokjax, importer  # pylint: disable=g-import-not-at-top
+
+  c = conftest.tiny_config(str(tmp_path))
+  c.model.kind, c.model.num_layers = 'flat', 2
+  flat = configuration_tokjax.TokjaxConfig(**spec.hf_config(c)).to_diff_dict()
+  assert flat['num_layers'] == 2 and flat['kind'] == 'flat'
+  assert not set(configuration_tokjax.KIND_FIELDS['hierarchical']) & set(flat), sorted(flat)
+  # config.json as earlier versions wrote it, with the flat model's fields beside a hierarchical
+  # model's: it loads, and imports, as before.
+  out, ckpt = exported
+  folder = str(tmp_path / 'earlier')
+  shutil.copytree(out, folder)
+  path = os.path.join(folder, 'config.json')
+  config = json.load(open(path))
+  json.dump(dict(config, num_layers=4, mlp_ratio=4), open(path, 'w'))
+  model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+  assert model.config.kind == 'hierarchical' and not hasattr(model.config, 'num_layers')
+  fields, _ = importer.read_export(folder)
+  back = importer.training_config(fields, str(tmp_path / 'run'))
+  assert back.model.to_dict() == ckpt.config.model.to_dict()
 
 
 # ------------------------------------------------------------------------------ the way back
@@ -400,7 +484,12 @@ def test_lm_eval_hf_model_on_the_export_equals_tokjax_lm_eval(exported, tiny_run
   ours = _responses(lm_model.TokjaxLM(checkpoint=tiny_run, batch_size=4, overlap=0), tasks)
   # lm-eval's `hf` model (`--model hf --model_args pretrained=DIR,trust_remote_code=True`).
   hf_lm = lambda **kw: HFLM(
-      pretrained=out, trust_remote_code=True, dtype='float32', device='cpu', **kw
+      pretrained=out,
+      trust_remote_code=True,
+      dtype='float32',
+      softmax_dtype='float64',
+      device='cpu',
+      **kw,
   )
   hf = _responses(hf_lm(batch_size=4), LOGLIKELIHOOD_TASKS)
   # A rolling text without BOS from the tokenizer: the `hf` model puts its own before it.
@@ -415,6 +504,36 @@ def test_lm_eval_hf_model_on_the_export_equals_tokjax_lm_eval(exported, tiny_run
       np.testing.assert_allclose(hf[key], values, atol=1e-4, rtol=0, err_msg=str(key))
   generated = [v[0] for k, v in ours.items() if k[0] == 'tokjax_generate']
   assert len(generated) == 4 and any(generated), generated
+
+
+def test_lm_eval_hf_model_scores_a_long_rolling_document_as_tokjax(exported, tiny_run):
+  from lm_eval.api.instance import Instance  # pylint: disable=g-import-not-at-top
+  from lm_eval.models.huggingface import HFLM  # pylint: disable=g-import-not-at-top
+
+  from tokjax.lm_eval import model as lm_model  # pylint: disable=g-import-not-at-top
+
+  out, _ = exported
+  text = (exporter.PROBE_TEXT * 5).decode()
+  num_bytes = len(text.encode())
+  assert num_bytes >= 700
+  request = [Instance('loglikelihood_rolling', {}, (text,), 0)]
+  ours = lm_model.TokjaxLM(checkpoint=tiny_run, batch_size=4, overlap=0)
+  hf = HFLM(
+      pretrained=out,
+      trust_remote_code=True,
+      dtype='float32',
+      softmax_dtype='float64',
+      device='cpu',
+      batch_size=4,
+      add_bos_token=False,
+  )
+  # docs/export.md's tolerance: float32 rounding of each byte's log-probability adds up over a text.
+  np.testing.assert_allclose(
+      hf.loglikelihood_rolling(request),
+      ours.loglikelihood_rolling(request),
+      atol=max(1e-4, 1e-6 * num_bytes),
+      rtol=0,
+  )
 
 
 # ------------------------------------------------------------------------- generation with a cache

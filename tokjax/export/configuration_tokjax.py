@@ -18,9 +18,27 @@ Fields (every one the forward in modeling_tokjax.py reads):
   max_position_embeddings: the training sequence length (RoPE has no limit; tools read it as the
     context length).
   tokjax: the training config and provenance of the export (step, val bpb, the gate's result).
+
+A config holds the fields of its kind only (byte_mlp_ratio, main_mlp_ratio, the three stacks, stages
+and value_head for 'hierarchical'; num_layers and mlp_ratio for 'flat'); the other kind's, which
+exports of earlier versions wrote as well, are read and dropped.
 """
 
 from transformers import PretrainedConfig
+
+# The fields only one kind of model reads.
+KIND_FIELDS = {
+    'hierarchical': (
+        'encoder_layers',
+        'main_layers',
+        'decoder_layers',
+        'byte_mlp_ratio',
+        'main_mlp_ratio',
+        'stages',
+        'value_head',
+    ),
+    'flat': ('num_layers', 'mlp_ratio'),
+}
 
 
 class TokjaxConfig(PretrainedConfig):
@@ -51,22 +69,29 @@ class TokjaxConfig(PretrainedConfig):
       eos_token_id=None,
       **kwargs,
   ):
+    if kind not in KIND_FIELDS:
+      raise ValueError(f'kind must be one of {sorted(KIND_FIELDS)}, got {kind!r}.')
     self.kind = kind
     self.vocab_size = vocab_size
     self.d_model = d_model
     self.hidden_size = d_model  # The name tools look for.
     self.num_heads = num_heads
     self.num_attention_heads = num_heads
-    self.encoder_layers = encoder_layers
-    self.main_layers = main_layers
-    self.decoder_layers = decoder_layers
-    self.num_layers = num_layers
     self.byte_window = byte_window
-    self.byte_mlp_ratio = byte_mlp_ratio
-    self.main_mlp_ratio = main_mlp_ratio
-    self.mlp_ratio = mlp_ratio
-    self.stages = list(stages or [])
-    self.value_head = value_head
+    kind_fields = dict(
+        encoder_layers=encoder_layers,
+        main_layers=main_layers,
+        decoder_layers=decoder_layers,
+        byte_mlp_ratio=byte_mlp_ratio,
+        main_mlp_ratio=main_mlp_ratio,
+        stages=list(stages or []),
+        value_head=value_head,
+        num_layers=num_layers,
+        mlp_ratio=mlp_ratio,
+    )
+    # Only this kind's: config.json would otherwise describe a model the weights are not of.
+    for name in KIND_FIELDS[kind]:
+      setattr(self, name, kind_fields[name])
     self.max_position_embeddings = max_position_embeddings
     self.tokjax = tokjax or {}
     kwargs.setdefault('tie_word_embeddings', False)

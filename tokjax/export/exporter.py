@@ -151,13 +151,18 @@ def gate(model, params, model_pt, seq_len: int) -> dict:
   return found
 
 
-def last_val_bpb(run: str):
-  """The last val bpb of the run's metrics.jsonl (None if there is none)."""
+def val_bpb_at(run: str, step: int) -> float | None:
+  """The val bpb the run's metrics.jsonl logged at `step` (None if it logged none there): the
+  exported weights' own, never another step's."""
   path = os.path.join(run, 'metrics.jsonl')
   if not os.path.isfile(path):
     return None
-  rows = [r for r in metric_writers.read_metrics(path) if r.get('split') == 'val' and 'bpb' in r]
-  return (rows[-1]['bpb'], rows[-1]['step']) if rows else None
+  rows = [
+      r
+      for r in metric_writers.read_metrics(path)
+      if r.get('split') == 'val' and 'bpb' in r and r.get('step') == step
+  ]
+  return float(rows[-1]['bpb']) if rows else None  # A resumed run's re-evaluation is the latest.
 
 
 def export(checkpoint: str, out: str, step: int | None = None) -> dict:
@@ -177,12 +182,12 @@ def export(checkpoint: str, out: str, step: int | None = None) -> dict:
   state = torch_state(fields, ckpt.params)
   model_pt = torch_model(fields, state)
   found = gate(ckpt.model, ckpt.params, model_pt, int(ckpt.config.data.seq_len))
-  bpb = last_val_bpb(checkpoint)
+  bpb = val_bpb_at(checkpoint, ckpt.step)
   fields['tokjax'] = {
       'version': tokjax.__version__,
       'step': ckpt.step,
-      'val_bpb': None if bpb is None else bpb[0],
-      'val_bpb_step': None if bpb is None else bpb[1],
+      'val_bpb': bpb,
+      'val_bpb_step': None if bpb is None else ckpt.step,
       'parity': found,
       'config': json.loads(json.dumps(ckpt.config.to_dict(), default=list)),
   }
@@ -191,7 +196,7 @@ def export(checkpoint: str, out: str, step: int | None = None) -> dict:
 
 
 def write_folder(out: str, fields: dict, state: dict, ckpt) -> None:
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
 
   from tokjax.export import tokenizer  # pylint: disable=g-import-not-at-top
 
@@ -203,7 +208,10 @@ def write_folder(out: str, fields: dict, state: dict, ckpt) -> None:
   shutil.rmtree(tmp, ignore_errors=True)
   os.makedirs(tmp)
   try:
-    save_file(state, os.path.join(tmp, 'model.safetensors'), metadata={'format': 'pt'})
+    # Written by open(), as every other file of the folder, so its mode is theirs (the umask's):
+    # safetensors' save_file creates its file private (0600).
+    with open(os.path.join(tmp, 'model.safetensors'), 'wb') as f:
+      f.write(save(state, metadata={'format': 'pt'}))
     config = modeling.TokjaxConfig(
         **fields, architectures=['TokjaxForCausalLM'], auto_map=AUTO_MAP, dtype='float32'
     )
@@ -237,7 +245,10 @@ def model_card(fields: dict, ckpt) -> str:
   c = ckpt.config
   stages = fields.get('stages') or []
   methods = ', '.join(s['method'] for s in stages) or 'none (flat Transformer)'
-  bpb = 'not logged' if t['val_bpb'] is None else f"{t['val_bpb']:.4f} (step {t['val_bpb_step']})"
+  if t['val_bpb'] is None:
+    bpb = f"not logged at step {t['step']}"
+  else:
+    bpb = f"{t['val_bpb']:.4f} (step {t['val_bpb_step']})"
   return f"""---
 library_name: transformers
 tags: [tokjax, byte-level, custom_code]
@@ -257,7 +268,7 @@ Exported with `python -m tokjax.export` from tokjax {t['version']} (step {t['ste
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
-tok = AutoTokenizer.from_pretrained(DIR)
+tok = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)
 out = model(**tok(["To be, or not to be"], return_tensors="pt"))  # out.logits, out.boundaries
 ```
 

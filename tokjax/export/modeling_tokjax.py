@@ -519,10 +519,24 @@ class TokjaxPreTrainedModel(PreTrainedModel):
 
   @classmethod
   def from_pretrained(cls, *args, **kwargs):
-    """transformers' from_pretrained, refusing a checkpoint with missing or unexpected weights
-    (never a silent random init)."""
+    """transformers' from_pretrained, refusing a checkpoint with missing or unexpected weights or
+    a weight of another shape (never a silent random init), whatever `ignore_mismatched_sizes`
+    says."""
     want_info = kwargs.pop('output_loading_info', False)
+    # Asked to ignore them, transformers leaves a mismatched tensor uninitialised; not asked, it
+    # raises without naming it. Ignored here so that the error below names each one.
+    kwargs['ignore_mismatched_sizes'] = True
     model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+    mismatched = sorted(info.get('mismatched_keys') or ())
+    if mismatched:
+      shapes = '; '.join(
+          f'{name} has shape {tuple(got)} in the checkpoint and {tuple(want)} in the model'
+          for name, got, want in mismatched
+      )
+      raise ValueError(
+          f'the checkpoint does not fit the tokjax model: {shapes} (config.json does not describe '
+          'these weights; export the run again).'
+      )
     bad = {k: sorted(v) for k, v in info.items() if k in ('missing_keys', 'unexpected_keys') and v}
     if bad:
       raise ValueError(f'the checkpoint does not fit the tokjax model: {bad}')
