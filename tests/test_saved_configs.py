@@ -87,7 +87,9 @@ def test_renamed_fields_move_and_keep_their_values():
   old['estimator'].update(batch_relative=False, rloo_k=3, gae_lambda=0.5, value_weight=0.2)
   c = config_saved.upgrade(old)
   assert (c.boundary.policy.window, c.boundary.policy.scale) == (8, 0.25)
-  assert (c.boundary.hnet.ratio_weight, c.boundary.bpe.tokenizer) == (0.05, 'tok.json')
+  # That version's tokenizer cut the whole window's token starts: the oracle's setting now.
+  assert (c.boundary.hnet.ratio_weight, c.boundary.bpe_oracle.tokenizer) == (0.05, 'tok.json')
+  assert c.boundary.bpe.tokenizer == ''
   assert c.estimator.baseline == 'none' and c.estimator.rloo.k == 3
   assert (c.estimator.value.gae_lambda, c.estimator.value.weight) == (0.5, 0.2)
   assert 'kind' not in c.estimator and 'window' not in c.boundary
