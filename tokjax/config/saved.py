@@ -134,8 +134,8 @@ MIGRATIONS = (
     # Per-stage settings moved from parallel tuples to one section per stage (tokjax/stages.py).
     Migration('stages', 'stages', '73d1a58', _stage_sections),
     # 'bpe' became causal; the whole-window token starts it had are 'bpe_oracle'.
-    Migration('boundary', 'boundary', 'ce2b122', _oracle_boundary),
-    Migration('stages', 'stages', 'ce2b122', _oracle_stages),
+    Migration('boundary', 'boundary', 'f2b2ddc', _oracle_boundary),
+    Migration('stages', 'stages', 'f2b2ddc', _oracle_stages),
 )
 
 
