@@ -128,6 +128,7 @@ def _file_digests(folder):
       ).hexdigest()
       for d, _, files in os.walk(folder)
       for f in files
+      if f != train.LOCK_FILE  # Who holds the run now, not the run: a refused resume held it too.
   }
 
 

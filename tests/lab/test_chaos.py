@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -67,6 +68,7 @@ def test_a_finished_run_reports_its_status(tiny_run):
       'step': 6,
       'checkpoint_step': 6,
       'pid': trained_by(tiny_run),
+      'host': socket.gethostname(),
   }
 
 

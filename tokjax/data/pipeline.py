@@ -410,7 +410,9 @@ def load_splits(data_config, corpus: str | None = None) -> dict[str, Sequence[by
     return {name: shards.PreparedDocuments(r) for name, r in readers.items()}
   data_dir = d.data_dir or None
   docs = corpora.load_documents(spec, data_dir=data_dir, max_bytes=d.max_bytes or None)
-  units = corpora.document_clusters(spec, docs, data_dir) if d.split_by == "unit" else None
+  # A data config written by hand before the field existed splits by document, as it did then.
+  by_unit = getattr(d, "split_by", "document") == "unit"
+  units = corpora.document_clusters(spec, docs, data_dir) if by_unit else None
   return split_documents(
       docs,
       val_fraction=d.val_fraction,
