@@ -5,14 +5,12 @@ r"""The cheapest measured setup where the ladder ranks the boundary methods: 4e6
     --seeds 0,1,2 --lrs 8e-3 --override hnet:boundary.hnet.ratio_weight=0.3 \
     --override bpe:boundary.bpe.pretokenize=none --jobs 2 --out OUT
 
-configs/compare.py:METHOD (0.86M parameters), 977 steps of 16 x 256 bytes at lr 8e-3, rates near
-0.2 (H-Net's ratio weight 0.3; BPE merges across words; whitespace 0.19). Expect (test bpb; X -
-policy paired on the test windows +- sqrt(clustered^2 + seed^2) s.e., found when p < 0.05 under
-Student's t: tokjax/significance.py, results/ladder/README.md): policy 2.318 (seeds 0-7); BPE-guided
-2.252 (0-2: -0.048 +- 0.008, p 0.018, found ahead); whitespace 2.308 (0-2: +0.008 +- 0.003, p 0.025,
-found behind); H-Net 2.330 (0-7: +0.012 +- 0.005, p 0.041, found behind, just); uniform 2.337 (0-7:
-+0.018 +- 0.006, p 0.010, found behind); on stdlib (0-2) only BPE-guided's lead. At L = 2048
-(results/long_context, 0-4) H-Net is not separated (+0.004 +- 0.008, p 0.67), BPE-guided ahead.
+configs/compare.py:METHOD (0.86M parameters), 977 steps of 16 x 256 bytes at lr 8e-3, rates near 0.2
+(H-Net's ratio weight 0.3; causal BPE about 0.29). Expect (test bpb; X - policy paired +- combined
+s.e., Holm-adjusted p: results/ladder/README.md): policy 2.318 (seeds 0-7); uniform 2.337 (+0.018,
+Holm 0.029, found behind); H-Net 2.330 (+0.012, p 0.041, Holm 0.051; fresh seeds 8-15: +0.014, p
+0.046, found); whitespace 2.308 (Holm 0.051). Every one is worse than PPMd primed with the training
+split (1.890) and a byte 6-gram (2.013). bpe_oracle (2.252) reads later bytes: not a byte LM.
 """
 
 from tokjax.config import files as config_files
