@@ -232,17 +232,22 @@ def test_trend_fits_each_paired_difference_over_budgets_and_checks_the_papers_or
   assert t['rungs'][4e6]['hnet']['verdict'] == 'not found' and t['ordering'][4e6] == 'does not hold'
 
 
-def test_a_rung_judges_its_methods_by_their_holm_adjusted_p():
-  base = [10.0, 12.0, 9.0, 11.0, 10.5, 11.5, 9.5, 12.5]
-  seeds = (0, 1, 2)
-  results = [_noisy('policy', s, base, 0.0, 4e6) for s in seeds]
-  # Two small leads over a seed spread of 0.2 nats, each found alone (p 0.03), and a large one.
-  results += [
-      _noisy(m, s, base, d + 0.2 * (s % 2), 4e6)
-      for m, d in (('hnet', 0.3), ('uniform', 0.3), ('bpe', 3.0))
-      for s in seeds
+_RUNG_UNITS = [10.0, 12.0, 9.0, 11.0, 10.5, 11.5, 9.5, 12.5]
+
+
+def _rung(*leads):
+  """Seeds 0-2 at 4e6 of the policy and of each (method, lead in nats per unit), with a seed spread
+  of 0.2 nats."""
+  results = [_noisy('policy', s, _RUNG_UNITS, 0.0, 4e6) for s in (0, 1, 2)]
+  return results + [
+      _noisy(m, s, _RUNG_UNITS, d + 0.2 * (s % 2), 4e6) for m, d in leads for s in (0, 1, 2)
   ]
-  slow = _noisy('hnet', 0, base, 2.0, 4e6)  # Worse on val: not H-Net's best lr.
+
+
+def test_a_rung_judges_its_methods_by_their_holm_adjusted_p():
+  # Two small leads, each found alone (p 0.03), and a large one.
+  results = _rung(('hnet', 0.3), ('uniform', 0.3), ('bpe', 3.0))
+  slow = _noisy('hnet', 0, _RUNG_UNITS, 2.0, 4e6)  # Worse on val: not H-Net's best lr.
   slow['run']['lr'] = 4e-3
   rows = ladder_report.summarize(results + [slow], 'policy')
   best = {r['method']: r['paired'] for r in rows if r.get('paired') and r['best_lr']}
@@ -263,15 +268,7 @@ def test_a_rung_judges_its_methods_by_their_holm_adjusted_p():
 
 
 def test_a_method_that_sees_the_future_is_an_oracle_outside_the_family():
-  base = [10.0, 12.0, 9.0, 11.0, 10.5, 11.5, 9.5, 12.5]
-  seeds = (0, 1, 2)
-  results = [_noisy('policy', s, base, 0.0, 4e6) for s in seeds]
-  results += [
-      _noisy(m, s, base, d + 0.2 * (s % 2), 4e6)
-      for m, d in (('hnet', 0.3), ('bpe_oracle', -3.0))
-      for s in seeds
-  ]
-  rows = ladder_report.summarize(results, 'policy')
+  rows = ladder_report.summarize(_rung(('hnet', 0.3), ('bpe_oracle', -3.0)), 'policy')
   best = {r['method']: r['paired'] for r in rows if r.get('paired')}
   assert best['bpe_oracle']['verdict'] == ladder_report.ORACLE
   assert best['bpe_oracle']['p_holm'] is None and best['bpe_oracle']['family'] is None
