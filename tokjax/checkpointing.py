@@ -70,6 +70,8 @@ def save(mgr, step: int, state, data_iterator, config) -> None:
   last = mgr.latest_step()  # Orbax deletes old steps only after a save completes.
   held, hooks = _HeldLogs(), (sys.unraisablehook, sys.excepthook)
   _ignore_abandoned_writes()
+  failed_writes = _FailedWriteLogs()
+  logging.getLogger('asyncio').addFilter(failed_writes)
   with held:
     try:
       mgr.save(step, args=ocp.args.Composite(**items), force=True)
@@ -78,11 +80,24 @@ def save(mgr, step: int, state, data_iterator, config) -> None:
       cause = write_failure(e)
       if cause is None:
         sys.unraisablehook, sys.excepthook = hooks
+        logging.getLogger('asyncio').removeFilter(failed_writes)
         raise
       held.records.clear()
       _remove_partial(mgr, step)
       raise SaveFailed(step, mgr.directory, cause, last) from None
-  sys.unraisablehook, sys.excepthook = hooks  # A failed save keeps them: its writes end later.
+  # A failed save keeps them: its writes end later.
+  sys.unraisablehook, sys.excepthook = hooks
+  logging.getLogger('asyncio').removeFilter(failed_writes)
+
+
+class _FailedWriteLogs(logging.Filter):
+  """Drops asyncio's 'exception was never retrieved' reports of orbax writes that failed or were
+  abandoned (each with a traceback, when the garbage collector finds their futures): the save's
+  SaveFailed already says it in one line. Other asyncio reports still show."""
+
+  def filter(self, record):
+    exc = record.exc_info[1] if record.exc_info else None
+    return exc is None or (write_failure(exc) is None and not _abandoned(exc))
 
 
 class _HeldLogs(logging.Filter):
@@ -141,15 +156,17 @@ _ABANDONED = (
 )
 
 
+def _abandoned(exc) -> bool:
+  return any(isinstance(exc, t) and text in str(exc) for t, text in _ABANDONED)
+
+
 def _ignore_abandoned_writes() -> None:
   """When one write fails, orbax leaves its other writes' coroutines pending on an event loop it
   has closed: each reports 'Event loop is closed' when its write ends (during the save or after
   it), and again when the interpreter exits. These reports (up to hundreds of tracebacks) are
   dropped while a save runs and, once one has failed, for good; every other one still shows."""
 
-  def abandoned(exc) -> bool:
-    return any(isinstance(exc, t) and text in str(exc) for t, text in _ABANDONED)
-
+  abandoned = _abandoned
   unraisable, excepthook = sys.unraisablehook, sys.excepthook
   if getattr(unraisable, 'drops_abandoned_writes', False):
     return
