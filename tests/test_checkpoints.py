@@ -2,9 +2,12 @@
 naming the step and the item, and training and inspection fall back to the previous complete step;
 --step demands a step; resuming without a checkpoint or after the end says what happens."""
 
+import gc
 import glob
+import json
 import os
 import shutil
+import sys
 
 from conftest import tiny_config, tiny_run_config
 import jax.numpy as jnp
@@ -12,6 +15,7 @@ import numpy as np
 import pytest
 
 from tokjax import checkpointing, losses, train
+from tokjax.config import files as config_files
 from tokjax.errors import UserError
 from tokjax.metric_writers import read_metrics
 
@@ -89,6 +93,28 @@ def test_inspection_falls_back_and_step_flag_demands_the_step(two_step_run, tmp_
     checkpointing.load_checkpoint(run, step=4)
 
 
+def _widen_saved_model(step_dir):
+  path = os.path.join(step_dir, 'config', 'metadata')
+  with open(path) as f:
+    saved = json.load(f)
+  saved['model']['d_model'] *= 2
+  with open(path, 'w') as f:
+    json.dump(saved, f)
+
+
+def test_a_step_of_another_run_falls_back_in_one_line(two_step_run, tmp_path, capsys, monkeypatch):
+  run = str(tmp_path / 'mixed')
+  shutil.copytree(two_step_run, run)
+  _widen_saved_model(os.path.join(run, 'checkpoints', '6'))
+  reported = []  # What Python would print as 'Exception ignored in ...' (pytest holds its hook).
+  monkeypatch.setattr(sys, 'unraisablehook', lambda arg: reported.append(arg.exc_value))
+  assert checkpointing.load_checkpoint(run).step == 3
+  gc.collect()  # Orbax's other reads of the failed restore report when collected.
+  (line,) = _warnings(capsys.readouterr().out)
+  assert 'does not fit its saved config' in line and 'using step 3' in line, line
+  assert not reported, reported
+
+
 def test_resume_with_step_continues_from_that_step(two_step_run, tmp_path, capsys):
   run = str(tmp_path / 'run')
   shutil.copytree(two_step_run, run)
@@ -149,3 +175,18 @@ def test_nonfinite_before_any_checkpoint_does_not_advise_resume(tmp_path, monkey
   msg = str(e.value)
   assert 'NaN' in msg and 'no checkpoint was saved yet' in msg
   assert 'None' not in msg and '--resume' not in msg
+
+
+def test_a_resume_notes_stage_fields_only_where_the_resolved_stages_change():
+  saved = config_files.load('two_stage', 'learned,tiny')
+  # A stage section that sets what it would inherit: the same stages, so nothing to note.
+  explicit = saved.copy_and_resolve_references()
+  explicit.stages.s1.estimator.gamma = saved.estimator.gamma
+  explicit.stages.s1.model.byte_window = saved.model.byte_window
+  assert checkpointing.config_changes(saved, explicit) == []
+  changed = explicit.copy_and_resolve_references()
+  changed.stages.s1.estimator.gamma = 0.5
+  assert checkpointing.config_changes(saved, changed) == [
+      'config.stages.s1.estimator.gamma: None saved, 0.5 now',
+      f'config.stages.s1.model.byte_window: None saved, {saved.model.byte_window} now',
+  ]

@@ -27,7 +27,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from tokjax import evaluator as evaluator_lib
-from tokjax import paths, sharding
+from tokjax import paths, sharding, stages
 from tokjax import trainer as trainer_lib
 from tokjax.config import defaults as config_defaults
 from tokjax.config import saved as config_saved
@@ -69,7 +69,7 @@ def save(mgr, step: int, state, data_iterator, config) -> None:
     items['data'] = grain.checkpoint.CheckpointSave(data_iterator)
   last = mgr.latest_step()  # Orbax deletes old steps only after a save completes.
   held, hooks = _HeldLogs(), (sys.unraisablehook, sys.excepthook)
-  _ignore_abandoned_writes()
+  _ignore_abandoned_io()
   failed_writes = _FailedWriteLogs()
   logging.getLogger('asyncio').addFilter(failed_writes)
   with held:
@@ -153,6 +153,8 @@ def _remove_partial(mgr, step: int) -> None:
 _ABANDONED = (
     (RuntimeError, 'Event loop is closed'),
     (ImportError, 'sys.meta_path is None'),
+    # The other reads of a restore that failed on one array (their text embeds tensorstore's specs).
+    (Exception, 'Encountered error while reading array index'),
 )
 
 
@@ -160,11 +162,13 @@ def _abandoned(exc) -> bool:
   return any(isinstance(exc, t) and text in str(exc) for t, text in _ABANDONED)
 
 
-def _ignore_abandoned_writes() -> None:
+def _ignore_abandoned_io() -> None:
   """When one write fails, orbax leaves its other writes' coroutines pending on an event loop it
   has closed: each reports 'Event loop is closed' when its write ends (during the save or after
-  it), and again when the interpreter exits. These reports (up to hundreds of tracebacks) are
-  dropped while a save runs and, once one has failed, for good; every other one still shows."""
+  it), and again when the interpreter exits; a restore that fails on one array leaves its other
+  reads to report their own errors when collected. These reports (up to hundreds of tracebacks)
+  are dropped while a save runs and, once a save or restore has failed, for good; every other one
+  still shows."""
 
   abandoned = _abandoned
   unraisable, excepthook = sys.unraisablehook, sys.excepthook
@@ -221,6 +225,7 @@ def _load_item(mgr, step: int, item: str, args):
   try:
     return getattr(mgr.restore(step, args=ocp.args.Composite(**{item: args})), item)
   except Exception as e:  # pylint: disable=broad-except
+    _ignore_abandoned_io()
     # Orbax, tensorstore and grain raise many types for damaged files; all mean "this item is bad".
     raise BadStep(f'its "{item}" item fails to load ({_first_line(e)})') from None
 
@@ -312,9 +317,23 @@ def config_changes(saved, config) -> list[str]:
   the saved config and config (tuples and JSON's lists compare equal; a field only one has is
   'absent' in the other)."""
   shown = lambda v: 'absent' if v is _ABSENT else repr(v)
-  return [
-      f'config.{f}: {shown(a)} saved, {shown(b)} now' for f, a, b in _differences(saved, config)
-  ]
+  differences = _differences(saved, config)
+  if _same_stages(saved, config):
+    # A stage section that now inherits what it used to set (or the reverse) changes nothing.
+    differences = [d for d in differences if not d[0].startswith('stages.')]
+  return [f'config.{f}: {shown(a)} saved, {shown(b)} now' for f, a, b in differences]
+
+
+def _same_stages(saved, config) -> bool:
+  """Whether both configs resolve to the same stages (where each value came from aside)."""
+
+  def resolved(c):
+    return [dataclasses.replace(s, sources=stages.Settings()) for s in stages.resolve(c)]
+
+  try:
+    return resolved(saved) == resolved(config)
+  except UserError:
+    return False
 
 
 def _shape_fields(saved, config) -> list[tuple[str, object, object]]:
@@ -592,6 +611,7 @@ def _load_step(mgr, path: str, step: int, mesh, trainer=None) -> Checkpoint:
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(trainer.abstract_state))
     ).state
   except (ValueError, KeyError, TypeError) as e:
+    _ignore_abandoned_io()
     if 'shape' in str(e).lower() or isinstance(e, (KeyError, TypeError)):
       raise BadStep(
           f'its "state" item does not fit its saved config ({_first_line(e)}): the folder mixes '
@@ -599,6 +619,7 @@ def _load_step(mgr, path: str, step: int, mesh, trainer=None) -> Checkpoint:
       ) from None
     raise BadStep(f'its "state" item fails to load ({_first_line(e)})') from None
   except Exception as e:  # pylint: disable=broad-except
+    _ignore_abandoned_io()
     raise BadStep(f'its "state" item fails to load ({_first_line(e)})') from None
   want = jax.tree.map(lambda x: x.shape, trainer.abstract_state.params)
   got = jax.tree.map(lambda x: x.shape, state.params)
