@@ -22,7 +22,7 @@ from tokjax import checkpointing, models
 from tokjax.errors import UserError
 from tokjax.export import exporter, mapping, spec
 from tokjax.models import registry
-from tokjax.vocab import BOS_ID
+from tokjax.vocab import BOS_ID, PAD_ID
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Loads an export with transformers alone and writes its logits and boundaries (greedy, and given
@@ -504,6 +504,10 @@ def test_lm_eval_hf_model_on_the_export_equals_tokjax_lm_eval(exported, tiny_run
       np.testing.assert_allclose(hf[key], values, atol=1e-4, rtol=0, err_msg=str(key))
   generated = [v[0] for k, v in ours.items() if k[0] == 'tokjax_generate']
   assert len(generated) == 4 and any(generated), generated
+  # Four prompts of different lengths in one batch: the `hf` model pads them on the left, which the
+  # export refuses rather than read the padding as text.
+  with pytest.raises(ValueError, match='right padding only'):
+    _responses(hf_lm(batch_size=4), ['tokjax_generate'], batch_size=4)
 
 
 def test_lm_eval_hf_model_scores_a_long_rolling_document_as_tokjax(exported, tiny_run):
@@ -599,6 +603,14 @@ def test_generate_cached_equals_uncached_and_tokjax(stages, tmp_path):
   np.testing.assert_array_equal(on_bytes[:, 0] if stages == 1 else on_bytes, tokjax_actions)
   for level in range(stages):
     assert 0 < on_bytes[:, level, 1:].mean() < 1, (level, on_bytes[:, level].mean())
+  # A batch of prompts of two lengths padded on the left, as transformers pads for generation: a
+  # PAD before a row's bytes would be read as text, so every path refuses it.
+  padded = torch.tensor([[PAD_ID, PAD_ID, BOS_ID, *b'abc'], [BOS_ID, *b'abcde']])
+  for use_cache in (True, False):
+    with pytest.raises(ValueError, match='right padding only'):
+      model_pt.generate(
+          padded, attention_mask=(padded != PAD_ID).long(), use_cache=use_cache, max_new_tokens=2
+      )
 
 
 def test_generation_benchmark_runs(tmp_path):

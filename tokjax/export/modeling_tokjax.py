@@ -620,15 +620,19 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     logits; other models ignore it.
     """
     del return_dict, unused
+    # Before any path, cached or not: a PAD before a row's bytes would be read as text.
+    if attention_mask is not None and not bool(attention_mask.bool().all()):
+      am = attention_mask.bool()
+      if bool((am[:, 1:] & ~am[:, :-1]).any()):
+        raise ValueError(
+            'tokjax models take right padding only (a PAD before a byte would be read as text): '
+            'generate from rows of one length, or one row at a time (lm-eval: --batch_size 1).'
+        )
     if (use_cache or cache is not None) and self.supports_cache:
       if boundaries is not None or do_sample or labels is not None:
         raise ValueError('the cached forward takes greedy boundaries only, and no labels.')
       cache = TokjaxCache(self) if cache is None else cache
       return TokjaxCausalLMOutput(logits=self._cached(input_ids.long(), cache), cache=cache)
-    if attention_mask is not None and not bool(attention_mask.bool().all()):
-      am = attention_mask.bool()
-      if bool((am[:, 1:] & ~am[:, :-1]).any()):
-        raise ValueError('tokjax models take right padding only (the model is causal in bytes).')
     tokens = input_ids.long()
     if self.config.kind == 'flat':
       positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
