@@ -48,6 +48,16 @@ def jit_call(fn, *args, **kwargs):
   return jax.jit(lambda *a, **kw: fn(*a, **kw, **fixed), static_argnums=static)(*args, **traced)
 
 
+def hierarchical_model(boundary, d_model: int, capacity: int, window: int, **options):
+  """A one-level HierarchicalByteLM over the 258 byte ids with one block per stack and two heads."""
+  from tokjax.models import hierarchical  # pylint: disable=g-import-not-at-top
+
+  level = hierarchical.Level(boundary, capacity, encoder_layers=1, decoder_layers=1, window=window)
+  return hierarchical.HierarchicalByteLM(
+      vocab_size=258, d_model=d_model, num_heads=2, main_layers=1, levels=(level,), **options
+  )
+
+
 def tiny_config(workdir: str):
   """A hierarchical model small enough to train a few steps in seconds on the stdlib corpus."""
   from tokjax.config import defaults as config_defaults

@@ -227,6 +227,24 @@ def test_no_rate_loss_with_a_full_buffer_is_valid():
   config_validation.validate(_base(**{'estimator.rate_loss': False, 'boundary.method': 'stride'}))
 
 
+def test_no_rate_loss_needs_room_at_every_level():
+  c = _base(**{'estimator.rate_loss': False, 'model.stages': 2})
+  c.model.capacity = c.data.seq_len
+  # Stage 1 inherits the same buffer: room for a boundary at each of stage 0's chunks.
+  config_validation.validate(c)
+  c.stages.s1.model.capacity = c.data.seq_len // 2
+  with pytest.raises(UserError) as e:
+    config_validation.validate(c)
+  assert str(e.value).startswith(
+      'config.estimator.rate_loss=False needs config.stages.s1.model.capacity >= '
+      f'config.model.capacity (here {c.data.seq_len // 2} < {c.data.seq_len})'
+  )
+  assert str(e.value).endswith(f'--config.stages.s1.model.capacity={c.data.seq_len}.')
+  # A stage of a method without the score function has no rate loss to switch off.
+  c.stages.s1.boundary.method = 'stride'
+  config_validation.validate(c)
+
+
 def _repo(*parts):
   return os.path.join(REPO, *parts)
 

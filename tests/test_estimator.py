@@ -1,6 +1,6 @@
 """The score-function estimator: returns, advantages, signs, and unbiasedness against enumeration."""
 
-from conftest import jit_call
+from conftest import hierarchical_model, jit_call
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -12,7 +12,6 @@ from tokjax import estimator, losses
 from tokjax.config import defaults as config_defaults
 from tokjax.lab import estimators as lab
 from tokjax.models import boundaries as bd
-from tokjax.models import hierarchical
 
 
 @pytest.mark.parametrize('gamma', [0.0, 0.5, 0.9, 0.99, 1.0])
@@ -65,7 +64,7 @@ def test_rate_loss_pushes_the_rate_toward_the_target():
 
 def _tiny_model(window):
   policy = bd.BoundaryPolicy(target_rate=0.3, window=window, scale=1.0, capacity=8)
-  return hierarchical.HierarchicalByteLM(258, 16, 2, 1, 1, 1, policy, byte_window=4, capacity=8)
+  return hierarchical_model(policy, d_model=16, capacity=8, window=4)
 
 
 def _setup(window, n_rows):

@@ -1,7 +1,7 @@
 """Blocks, the flat model, boundaries, chunking and the whole hierarchical model (causality first)."""
 
 import chex
-from conftest import jit_call
+from conftest import hierarchical_model, jit_call
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tokjax.models import boundaries as bd
-from tokjax.models import chunking, flat, hierarchical, interface, layers
+from tokjax.models import chunking, flat, interface, layers
 
 
 def _tokens(key, b=2, l=48):
@@ -58,9 +58,7 @@ def test_flat_model_is_causal(window):
 
 def _hier(window=1, capacity=24, rate=0.2, scale=1 / 16, byte_window=8):
   policy = bd.BoundaryPolicy(target_rate=rate, window=window, scale=scale, capacity=capacity)
-  return hierarchical.HierarchicalByteLM(
-      258, 32, 2, 1, 1, 1, policy, byte_window=byte_window, capacity=capacity
-  )
+  return hierarchical_model(policy, d_model=32, capacity=capacity, window=byte_window)
 
 
 @pytest.mark.parametrize(
@@ -287,7 +285,7 @@ def test_flat_model_is_the_zero_stage_case_of_the_interface():
 
 
 # The parameter paths of the models `tiny_config` and `tiny_two_stage_config` build, printed by the
-# code before the inner stages became `hierarchical.StageSettings`: saved checkpoints restore by these
+# code before every level became a `hierarchical.Level`: saved checkpoints restore by these
 # paths, so they may not change.
 ONE_STAGE_PARAM_PATHS = (
     'params/boundary/bias',

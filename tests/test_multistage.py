@@ -41,25 +41,19 @@ def _two_stage(
   from tokjax.models import boundaries as bd  # pylint: disable=g-import-not-at-top
   from tokjax.models import hierarchical  # pylint: disable=g-import-not-at-top
 
+  level = lambda rate, window, capacity, byte_window: hierarchical.Level(
+      boundary=bd.BoundaryPolicy(target_rate=rate, window=window, scale=1.0, capacity=capacity),
+      capacity=capacity,
+      encoder_layers=1,
+      decoder_layers=1,
+      window=byte_window,
+  )
   return hierarchical.HierarchicalByteLM(
-      258,
-      d,
-      2,
-      1,
-      1,
-      1,
-      bd.BoundaryPolicy(target_rate=r0, window=w0, scale=1.0, capacity=c0),
-      byte_window=byte_window,
-      capacity=c0,
-      inner_stages=(
-          hierarchical.StageSettings(
-              boundary=bd.BoundaryPolicy(target_rate=r1, window=w1, scale=1.0, capacity=c1),
-              capacity=c1,
-              encoder_layers=1,
-              decoder_layers=1,
-              window=inner_window,
-          ),
-      ),
+      vocab_size=258,
+      d_model=d,
+      num_heads=2,
+      main_layers=1,
+      levels=(level(r0, w0, c0, byte_window), level(r1, w1, c1, inner_window)),
       attention=attention,
   )
 

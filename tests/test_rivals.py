@@ -4,7 +4,7 @@ token starts, and each rate control reaching its target."""
 
 import os
 
-from conftest import jit_call
+from conftest import hierarchical_model, jit_call
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -15,7 +15,7 @@ import pytest
 from tokjax import models
 from tokjax.data import BOS_ID
 from tokjax.errors import UserError
-from tokjax.models import hierarchical, registry
+from tokjax.models import registry
 from tokjax.models.rivals import bpe, entropy, gumbel, hnet
 
 L, CAP = 48, 24
@@ -64,7 +64,7 @@ RIVALS = [name for name, m in registry.methods().items() if not m.score_function
 
 
 def _model(boundary):
-  return hierarchical.HierarchicalByteLM(258, 32, 2, 1, 1, 1, boundary, byte_window=8, capacity=CAP)
+  return hierarchical_model(boundary, d_model=32, capacity=CAP, window=8)
 
 
 def _text_tokens(seed, b=2):

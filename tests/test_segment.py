@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import models, segment, tokenization
+from tokjax import decoding, models, segment, tokenization
 from tokjax.config import defaults as config_defaults
 from tokjax.data import BOS_ID, PAD_ID, pipeline
 from tokjax.errors import UserError
@@ -66,7 +66,7 @@ def test_windows_leave_no_seams():
       model, params, text, c.data.seq_len, jax.random.PRNGKey(0), 'greedy', overlap
   )
   long = jnp.asarray([[BOS_ID] + list(text) + [PAD_ID]], jnp.int32)
-  big = model.clone(capacity=long.shape[1], boundary=model.boundary.clone(capacity=long.shape[1]))
+  big = decoding.with_capacity(model, long.shape[1])
   ref = jit_call(big.apply, {'params': params}, long, jax.random.PRNGKey(0), mode='greedy')
   ref = ref.boundaries
   assert actions.shape == probs.shape == (1, len(text))  # [levels, bytes]: one stage.

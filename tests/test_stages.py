@@ -1,8 +1,10 @@
 """`stages.resolve`: one frozen Stage per level, config.stages.sK over the top-level sections, reached
 from the command line, and the layer stacks' one settings object."""
 
+import ast
 import dataclasses
 import os
+import pathlib
 
 from absl import flags
 import flax.linen as nn
@@ -47,7 +49,7 @@ def test_resolve_gives_every_level_bytes_included_with_the_top_level_inherited()
   assert second.estimator.target_rate == 0.33
   assert second.window == c.model.byte_window and second.decoder_layers == c.model.decoder_layers
   assert second.settings == first.settings == dict(c.boundary.policy)
-  assert second.estimator.gamma == c.estimator.gamma and second.estimator.rloo.k == 4
+  assert second.estimator.gamma == c.estimator.gamma and second.estimator.baselines['rloo'].k == 4
   assert second.where('capacity') == 'config.stages.s1.model.capacity'
   assert second.where('window') == 'config.model.byte_window'
   assert second.where('estimator.gamma') == 'config.estimator.gamma'
@@ -76,7 +78,7 @@ def test_a_per_stage_override_on_the_command_line_reaches_that_stage_alone():
   assert second.where('estimator.gamma') == 'config.stages.s1.estimator.gamma'
   # The model reads it: stage 1's decoder has two blocks, stage 0's byte decoder one.
   model = models.build_model(c)
-  assert model.inner_stack_settings(model.inner_stages[0], 2).num_layers == 2
+  assert model.stack_settings('decoder', 1).num_layers == 2
   assert model.stack_settings('decoder').num_layers == 1
 
 
@@ -87,7 +89,7 @@ def test_a_methods_own_settings_can_differ_per_stage():
   assert (first.settings.window, second.settings.window) == (1, 4)
   assert second.where('settings.window') == 'config.stages.s1.boundary.policy.window'
   model = models.build_model(c)
-  assert (model.boundary.window, model.inner_stages[0].boundary.window) == (1, 4)
+  assert tuple(lv.boundary.window for lv in model.levels) == (1, 4)
   # Each stage's policy has the parameters of its own window.
   params = jax.eval_shape(model.init, jax.random.PRNGKey(0), *models.init_args(c, 2, 64))
   shapes = lambda name: jax.tree.map(lambda x: x.shape, nn.unbox(params['params'][name]))
@@ -121,3 +123,68 @@ def test_a_stack_takes_one_settings_object():
   params = nn.unbox(layers.Stack(settings).init(jax.random.PRNGKey(0), x, positions)['params'])
   assert sorted(params) == ['block_0', 'block_1']
   assert params['block_0']['mlp']['gate']['kernel'].shape == (8, 16)
+
+
+# Names that hold a config in the library (a run's is `X.config`).
+_CONFIG_NAMES = ('config', 'cfg', 'c', 'saved')
+
+
+def _stage_reads(source: str):
+  """(line, expression) of each read of a per-stage field (`stages.PER_STAGE`) from a config, not
+  from its resolved stages: CONFIG.SECTION.FIELD, or NAME.FIELD where NAME = CONFIG.SECTION."""
+  fields = set(stages.PER_STAGE.values())
+  sections = {s for s, _ in fields}
+
+  def is_config(node):
+    return (isinstance(node, ast.Name) and node.id in _CONFIG_NAMES) or (
+        isinstance(node, ast.Attribute) and node.attr == 'config'
+    )
+
+  tree = ast.parse(source)
+  aliases = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Assign):
+      for target in node.targets:
+        pairs = [(target, node.value)]
+        if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+          pairs = list(zip(target.elts, node.value.elts))
+        for name, value in pairs:
+          if (
+              isinstance(name, ast.Name)
+              and isinstance(value, ast.Attribute)
+              and value.attr in sections
+              and is_config(value.value)
+          ):
+            aliases.add((name.id, value.attr))
+  for node in ast.walk(tree):
+    if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)):
+      continue
+    inner = node.value
+    if isinstance(inner, ast.Attribute) and (inner.attr, node.attr) in fields:
+      if is_config(inner.value):
+        yield node.lineno, ast.unparse(node)
+    if isinstance(inner, ast.Name) and any(
+        (inner.id, s) in aliases and (s, node.attr) in fields for s in sections
+    ):
+      yield node.lineno, ast.unparse(node)
+
+
+def test_no_library_module_reads_a_stage_setting_from_the_config():
+  # The check itself finds both forms.
+  snippet = 'm, seq = config.model, 1\nx = m.byte_window + ckpt.config.boundary.target_rate\n'
+  assert [e for _, e in _stage_reads(snippet)] == [
+      'm.byte_window',
+      'ckpt.config.boundary.target_rate',
+  ]
+  assert not list(_stage_reads('x = stages.get(config, 0).window + st.estimator.gamma\n'))
+  package = pathlib.Path(stages.__file__).parent
+  found = [
+      f'{path.relative_to(package.parent)}:{line}: {expression}'
+      for path in sorted(package.rglob('*.py'))
+      # The resolver, and the config package that declares, migrates and validates the fields.
+      if path.name != 'stages.py' and 'config' not in path.relative_to(package).parts[:-1]
+      # The lab builds configs (and may read what it sets); the library reads resolved stages.
+      and 'lab' not in path.relative_to(package).parts
+      for line, expression in _stage_reads(path.read_text())
+  ]
+  assert not found, found

@@ -198,7 +198,7 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
   says, the bytes it needed; other compile errors propagate.
   """
 
-  from tokjax import flops, sharding  # pylint: disable=g-import-not-at-top
+  from tokjax import flops, sharding, stages  # pylint: disable=g-import-not-at-top
   from tokjax import trainer as trainer_lib
   from tokjax.config import validation as config_validation
 
@@ -230,7 +230,9 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
       'analytic_flops_per_step': analytic,
       'analytic_flops_per_device': analytic / len(devices),
       # The method's work with the main network on target_rate * L chunks (MFU counts these).
-      'model_flops_per_step_at_target_rate': flops.step_flops(config, config.boundary.target_rate)
+      'model_flops_per_step_at_target_rate': flops.step_flops(
+          config, stages.get(config, 0).target_rate
+      )
       if trainer.model.num_stages
       else analytic,
   }

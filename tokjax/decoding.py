@@ -69,7 +69,8 @@ def check_causal(config) -> None:
 def has_cache(model) -> bool:
   """Whether `generate` (cached or not) runs model: one stage of the learned policy; other models
   generate with `generate_stages`."""
-  return model.num_stages == 1 and isinstance(getattr(model, 'boundary', None), bd.BoundaryPolicy)
+  levels = getattr(model, 'levels', ())
+  return len(levels) == 1 and isinstance(levels[0].boundary, bd.BoundaryPolicy)
 
 
 def sample_byte(logits, key, temperature: float, top_k: int):
@@ -111,14 +112,15 @@ def init_caches(model, batch: int, total: int) -> dict:
   """Empty caches for N = total positions: byte layers keep byte_window slots (all N for full
   attention), chunk layers N slots (at most one chunk per position)."""
   hd, h, dt = model.d_model // model.num_heads, model.num_heads, model.dtype
-  byte_slots = model.byte_window if 0 < model.byte_window < total else total
+  (bytes_,) = model.levels
+  byte_slots = bytes_.window if 0 < bytes_.window < total else total
   return {
-      'encoder': [_cache(batch, byte_slots, h, hd, dt) for _ in range(model.encoder_layers)],
+      'encoder': [_cache(batch, byte_slots, h, hd, dt) for _ in range(bytes_.encoder_layers)],
       'main': [_cache(batch, total, h, hd, dt) for _ in range(model.main_layers)],
-      'decoder': [_cache(batch, byte_slots, h, hd, dt) for _ in range(model.decoder_layers)],
+      'decoder': [_cache(batch, byte_slots, h, hd, dt) for _ in range(bytes_.decoder_layers)],
       'last_chunk': jnp.zeros((batch, 1, model.d_model), dt),
       'num_chunks': jnp.zeros((batch,), jnp.int32),
-      'history': jnp.zeros((batch, model.boundary.window), jnp.float32),  # a_{t-w} .. a_{t-1}.
+      'history': jnp.zeros((batch, bytes_.boundary.window), jnp.float32),  # a_{t-w} .. a_{t-1}.
   }
 
 
@@ -148,18 +150,19 @@ def cached_step(model, params, caches, token, t, key, mode: str):
         {'params': params[which]}, x, position[:, None], None, caches[which], slot, write
     )
 
-  byte_slot = position % caches['encoder'][0]['pos'].shape[1] if model.encoder_layers else position
+  (bytes_,) = model.levels
+  byte_slot = position % caches['encoder'][0]['pos'].shape[1] if bytes_.encoder_layers else position
   x = layers.Embed(model.vocab_size, model.d_model, model.dtype).apply(
       {'params': params['embed']}, token[:, None]
   )
   hid, enc = stack('encoder', x, byte_slot, ones)
   k_bnd, _ = _step_keys(key, t)
-  logit = policy_logit(model.boundary, params['boundary'], hid[:, 0], caches['history'])
+  logit = policy_logit(bytes_.boundary, params['boundary'], hid[:, 0], caches['history'])
   a = decide(logit, t, k_bnd, mode)
   close = a > 0.5
   chunk_out, main = stack('main', hid, caches['num_chunks'], close)
   last = jnp.where(close[:, None, None], chunk_out, caches['last_chunk'])
-  dec_slot = position % caches['decoder'][0]['pos'].shape[1] if model.decoder_layers else position
+  dec_slot = position % caches['decoder'][0]['pos'].shape[1] if bytes_.decoder_layers else position
   y, dec = stack('decoder', hid + last, dec_slot, ones)
   logits = layers.LMHead(model.vocab_size, model.dtype).apply({'params': params['head']}, y)[:, 0]
   caches = {
@@ -188,7 +191,7 @@ def uncached_step(model, params, tokens, actions, t, key, mode: str):
     logit = jnp.take(m.boundary(hid, None, mode='given', actions=actions).logits, t, axis=1)
     a = decide(logit, t, k_bnd, mode)
     bnd = m.boundary(hid, None, mode='given', actions=actions.at[:, t].set(a))
-    chunks, ends, valid = chunking.downsample(hid, bnd.actions, m.capacity)
+    chunks, ends, valid = chunking.downsample(hid, bnd.actions, m.levels[0].capacity)
     x = chunking.upsample(hid, m.main(chunks, ends, valid), bnd.actions, bnd.chunk_gate)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     logits = m.head(m.decoder(x, positions))
@@ -198,19 +201,14 @@ def uncached_step(model, params, tokens, actions, t, key, mode: str):
 
 
 def with_capacity(model, capacity: int):
-  """The same model (same parameters) with a chunk buffer of `capacity` slots at every stage."""
-  inner = tuple(
+  """The same model (same parameters) with a chunk buffer of `capacity` slots at every level."""
+  levels = tuple(
       dataclasses.replace(
-          st, boundary=st.boundary.clone(parent=None, capacity=capacity), capacity=capacity
+          lv, boundary=lv.boundary.clone(parent=None, capacity=capacity), capacity=capacity
       )
-      for st in model.inner_stages
+      for lv in model.levels
   )
-  return model.clone(
-      parent=None,
-      capacity=capacity,
-      boundary=model.boundary.clone(parent=None, capacity=capacity),
-      inner_stages=inner,
-  )
+  return model.clone(parent=None, levels=levels)
 
 
 @functools.partial(

@@ -232,7 +232,7 @@ class Baseline:
 
   advantages: (r, mask, cfg, values) -> (adv, G, loss, metrics) as in `advantages_and_returns`; cfg
     is config.estimator or a stage's `tokjax.stages.EstimatorSettings`, the baseline's settings are
-    cfg.NAME.
+    `baseline_settings(cfg, NAME)`.
   defaults: the fields of config.estimator.NAME with their defaults ({} = no settings).
   draws: cfg -> boundary draws per sequence (> 1: the model draws them from one encoder pass and the
     rows come sample-major, draw k of sequence b at row k * B + b).
@@ -266,6 +266,13 @@ def baseline(name: str) -> Baseline:
   return BASELINES[name]
 
 
+def baseline_settings(cfg, name: str):
+  """The settings of baseline `name` (config.estimator.NAME) in cfg: config.estimator, or a stage's
+  `tokjax.stages.EstimatorSettings`, which holds every baseline's section in `baselines`."""
+  sections = getattr(cfg, 'baselines', None)
+  return cfg[name] if sections is None else sections[name]
+
+
 def _discounted(adv, cfg):
   return adv, discounted_returns(adv, cfg.gamma), jnp.zeros(()), {}
 
@@ -289,10 +296,11 @@ register_baseline(
 
 
 def _validate_rloo(cfg):
-  if not (isinstance(cfg.rloo.k, int) and cfg.rloo.k >= 2):
+  k = baseline_settings(cfg, 'rloo').k
+  if not (isinstance(k, int) and k >= 2):
     raise UserError(
-        f'config.estimator.rloo.k={cfg.rloo.k!r} must be an integer >= 2 (leave-one-out needs at '
-        'least two boundary draws per sequence).'
+        f'config.estimator.rloo.k={k!r} must be an integer >= 2 (leave-one-out needs at least two '
+        'boundary draws per sequence).'
     )
 
 
@@ -300,10 +308,10 @@ register_baseline(
     Baseline(
         name='rloo',
         advantages=lambda r, mask, cfg, values: _discounted(
-            leave_one_out_advantages(r, mask, cfg.rloo.k), cfg
+            leave_one_out_advantages(r, mask, baseline_settings(cfg, 'rloo').k), cfg
         ),
         defaults=dict(k=4),  # Boundary draws per sequence (one encoder pass).
-        draws=lambda cfg: cfg.rloo.k,
+        draws=lambda cfg: baseline_settings(cfg, 'rloo').k,
         description='leave-one-out over k boundary draws of each sequence',
         validate=_validate_rloo,
     )
@@ -315,16 +323,18 @@ def _value_advantages(r, mask, cfg, values):
     raise ValueError(
         'baseline "value" needs the critic\'s values (model built with value_head=True)'
     )
-  g = gae_advantages(r, values, cfg.gamma, cfg.value.gae_lambda, mask)
+  value = baseline_settings(cfg, 'value')
+  g = gae_advantages(r, values, cfg.gamma, value.gae_lambda, mask)
   critic = value_loss(values, discounted_returns(r, cfg.gamma), mask)
-  return g, g, cfg.value.weight * critic, {'value_loss': critic}
+  return g, g, value.weight * critic, {'value_loss': critic}
 
 
 def _validate_value(cfg):
-  if not 0.0 <= cfg.value.gae_lambda <= 1.0:
-    raise UserError(f'config.estimator.value.gae_lambda={cfg.value.gae_lambda} must be in [0, 1].')
-  if not cfg.value.weight >= 0.0:
-    raise UserError(f'config.estimator.value.weight={cfg.value.weight} must be >= 0.')
+  value = baseline_settings(cfg, 'value')
+  if not 0.0 <= value.gae_lambda <= 1.0:
+    raise UserError(f'config.estimator.value.gae_lambda={value.gae_lambda} must be in [0, 1].')
+  if not value.weight >= 0.0:
+    raise UserError(f'config.estimator.value.weight={value.weight} must be >= 0.')
 
 
 register_baseline(
@@ -356,40 +366,56 @@ def counterfactual_mode(kind: str):
   return COUNTERFACTUAL.get(kind)
 
 
-def validate(config, levels, score_function: bool) -> None:
+def validate(config, levels, score_function: tuple[bool, ...]) -> None:
   """Raises UserError naming the first bad field of config.estimator or of a stage's estimator
   settings (by `Stage.where`: config.stages.s1.estimator.gamma where stage 1 sets it).
 
   levels: the model's `tokjax.stages.Stage`s (their model fields already checked); score_function:
-  whether the model's stage-0 boundaries train with the score function (the model's checks say).
+  for each level, whether its boundaries train with the score function (the model's checks say).
   """
-  est = config.estimator
+  est = levels[0].estimator
   for st in levels:
     _validate_stage(st)
+  first = bool(score_function) and score_function[0]
   b = baseline(est.baseline)
   if b.validate:
     b.validate(est)
   if len(levels) > 1:
     _validate_inner_baselines(config, levels)
-  if (b.critic or b.draws(est) > 1) and not score_function:
+  if (b.critic or b.draws(est) > 1) and not first:
     raise UserError(
         f'config.estimator.baseline={est.baseline!r} needs a hierarchical model whose boundary '
         f'method trains with the score function (boundary.method="policy"); this config has '
-        f'model.kind={config.model.kind!r}, boundary.method={config.boundary.method!r}. Set '
+        f'model.kind={config.model.kind!r}, boundary.method={levels[0].method!r}. Set '
         '--config.estimator.baseline=batch.'
     )
-  if est.off_policy_steps > 0 and not score_function:
+  if est.off_policy_steps > 0 and not first:
     raise UserError(
         f'config.estimator.off_policy_steps={est.off_policy_steps} needs a boundary method '
         'trained with the score function (boundary.method="policy"); set it to 0.'
     )
-  if score_function and not est.rate_loss and config.model.capacity < config.data.seq_len:
-    raise UserError(
-        f'config.estimator.rate_loss=False needs config.model.capacity >= config.data.seq_len '
-        f'(here {config.model.capacity} < {config.data.seq_len}): nothing holds the rate down, and '
-        f'a smaller buffer caps it at about capacity / seq_len; set '
-        f'--config.model.capacity={config.data.seq_len}.'
-    )
+  if not est.rate_loss:
+    _check_buffers_hold_every_boundary(config, levels, score_function)
+
+
+def _check_buffers_hold_every_boundary(config, levels, score_function) -> None:
+  """Without the rate loss nothing holds a trained level's rate down, and a chunk buffer smaller
+  than its input caps the rate at about capacity / input length: every level that trains with the
+  score function needs room for a boundary at each of its input positions."""
+  inputs, input_field = config.data.seq_len, 'config.data.seq_len'
+  for st, trained in zip(levels, score_function):
+    field = st.where('capacity')
+    if trained and st.capacity < inputs:
+      own = (
+          'config.model.capacity' if st.level == 0 else f'config.stages.s{st.level}.model.capacity'
+      )
+      raise UserError(
+          f'config.estimator.rate_loss=False needs {field} >= {input_field} (here '
+          f'{st.capacity} < {inputs}): nothing holds the rate down, and a smaller buffer caps it '
+          f'at about capacity / input length; set --{own}={inputs}.'
+      )
+    # Level s + 1 reads the chunks of level s.
+    inputs, input_field = st.capacity, field
 
 
 def _validate_stage(st) -> None:
@@ -407,7 +433,7 @@ def _validate_stage(st) -> None:
 def _validate_inner_baselines(config, levels) -> None:
   """The baselines of stages 1..S-1: no critic (the model has one, for stage 0), and the draws per
   sequence that every stage shares."""
-  est = config.estimator
+  est = levels[0].estimator
   draws = baseline(est.baseline).draws(est)
   for st in levels[1:]:
     name, field = st.estimator.baseline, st.where('estimator.baseline')

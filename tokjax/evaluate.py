@@ -217,10 +217,9 @@ def run_evaluation(
   elif bpe and has_boundaries:
     from tokjax.models.rivals import bpe as bpe_rival  # pylint: disable=g-import-not-at-top
 
-    tok, vocab, rate = bpe_rival.fit_tokenizer(
-        splits['train'], splits['val'], config.boundary.target_rate
-    )
-    bpe_info = {'vocab_size': vocab, 'rate': rate, 'target_rate': config.boundary.target_rate}
+    target = stages.get(config, 0).target_rate
+    tok, vocab, rate = bpe_rival.fit_tokenizer(splits['train'], splits['val'], target)
+    bpe_info = {'vocab_size': vocab, 'rate': rate, 'target_rate': target}
     starts = [bpe_token_starts(tok, d) for d in docs]
   modes = ckpt.evaluator.run(
       ckpt.params,

@@ -73,11 +73,11 @@ def forward_flops_per_sequence(config, rate=None) -> float:
   d, v = m.d_model, VOCAB_SIZE
   executed = rate is None
   stages = models.num_stages(config)
-  if not stages:
-    keys = _window_keys(seq, m.byte_window, executed)
+  levels = stages_lib.resolve(config)
+  if not stages:  # The flat model: its one stage (built by no one) holds its window.
+    keys = _window_keys(seq, levels[0].window, executed)
     return m.num_layers * _block(seq, d, m.mlp_ratio * d, keys) + 2 * seq * d * v
   rates = () if executed else (tuple(rate) if isinstance(rate, (tuple, list)) else (rate,))
-  levels = stages_lib.resolve(config)
   first = levels[0]
   byte_keys = _window_keys(seq, first.window, executed)
   layers_ = first.encoder_layers + first.decoder_layers

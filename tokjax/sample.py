@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from tokjax import checkpointing, cli, decoding, tokenization
+from tokjax import stages as stages_lib
 from tokjax.errors import UserError
 
 
@@ -150,11 +151,12 @@ def main(argv):
         'hierarchical one.'
     )
   stages = ckpt.model.num_stages
+  methods = ', '.join(repr(st.method) for st in stages_lib.resolve(ckpt.config))
   fast = decoding.has_cache(ckpt.model)
   if f.compare and not fast:
     raise UserError(
         '--compare needs a one-stage model of the learned policy (the only one with cached '
-        f'generation); this is a {stages}-stage model of {ckpt.config.boundary.method!r}.'
+        f'generation); this is a {stages}-stage model of {methods}.'
     )
   total = len(prompt) + 1 + f.num_bytes
   seq_len = ckpt.config.data.seq_len

@@ -24,15 +24,27 @@ import ml_collections
 
 from tokjax.errors import UserError
 
-# config.SECTION.FIELD that config.stages.sK.SECTION.FIELD overrides for stage K. model.byte_window is
-# an inner stage's window too: every window counts bytes, whatever the layers read.
-OVERRIDES = {
-    'boundary': ('method', 'target_rate'),
-    'model': ('capacity', 'encoder_layers', 'decoder_layers', 'byte_window'),
-    'estimator': ('reward', 'baseline', 'gamma', 'lambda_rl', 'lambda_rate'),
+# The one table of per-stage fields: `Stage` attribute (estimator.F: `EstimatorSettings`.F) -> the
+# config.SECTION.FIELD it reads, which config.stages.sK.SECTION.FIELD overrides for stage K. The
+# override list (`OVERRIDES`, the fields of config.stages.sK) derives from it. model.byte_window is an
+# inner stage's window too: every window counts bytes, whatever the layers read.
+PER_STAGE = {
+    'method': ('boundary', 'method'),
+    'target_rate': ('boundary', 'target_rate'),
+    'capacity': ('model', 'capacity'),
+    'encoder_layers': ('model', 'encoder_layers'),
+    'decoder_layers': ('model', 'decoder_layers'),
+    'window': ('model', 'byte_window'),
+    'estimator.reward': ('estimator', 'reward'),
+    'estimator.baseline': ('estimator', 'baseline'),
+    'estimator.gamma': ('estimator', 'gamma'),
+    'estimator.lambda_rl': ('estimator', 'lambda_rl'),
+    'estimator.lambda_rate': ('estimator', 'lambda_rate'),
 }
-# config.estimator fields every stage shares (a stage cannot change them).
-SHARED_ESTIMATOR = ('lambda_early', 'rate_loss', 'off_policy_steps')
+OVERRIDES = {
+    section: tuple(f for s, f in PER_STAGE.values() if s == section)
+    for section in dict.fromkeys(s for s, _ in PER_STAGE.values())
+}
 _SECTION = re.compile(r's([1-9][0-9]*)')
 
 
@@ -42,7 +54,8 @@ def _is_section(value) -> bool:
 
 class Settings(collections.abc.Mapping):
   """A frozen mapping whose keys read as attributes too (`settings.window`), nested mappings frozen
-  as well; hashable, so a flax module may hold one."""
+  as well; hashable, so a flax module may hold one. (ml_collections' FrozenConfigDict is hashable
+  too, but it is no Mapping and equals no plain dict: `**settings` and `settings == {...}` fail.)"""
 
   def __init__(self, items=()):
     items = items.items() if _is_section(items) else items
@@ -83,7 +96,8 @@ class EstimatorSettings:
 
   reward, baseline, gamma, lambda_rl, lambda_rate: the stage's own; target_rate: the stage's;
   lambda_early, rate_loss, off_policy_steps and the baselines' sections (`baselines`, e.g.
-  `settings.rloo.k`) are shared by every stage.
+  `settings.baselines['rloo'].k`; `estimator.baseline_settings` reads them) are shared by every
+  stage.
   """
 
   reward: str
@@ -97,12 +111,14 @@ class EstimatorSettings:
   off_policy_steps: int
   baselines: Settings = Settings()
 
-  def __getattr__(self, name):
-    # A baseline reads its own section as config.estimator.NAME (`estimator.Baseline`).
-    baselines = self.__dict__.get('baselines')
-    if baselines is not None and name in baselines:
-      return baselines[name]
-    raise AttributeError(name)
+
+# config.estimator fields every stage shares (a stage cannot change them): the rest of
+# EstimatorSettings' fields.
+SHARED_ESTIMATOR = tuple(
+    f.name
+    for f in dataclasses.fields(EstimatorSettings)
+    if f'estimator.{f.name}' not in PER_STAGE and f.name not in ('target_rate', 'baselines')
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,17 +149,6 @@ class Stage:
     """The config field that sets `field` ('capacity', 'estimator.gamma', 'settings.window') at
     this stage: its own section's where it sets one, else the top level's."""
     return self.sources[field]
-
-
-# Stage attribute -> (config section, field) it reads.
-_FIELDS = {
-    'method': ('boundary', 'method'),
-    'target_rate': ('boundary', 'target_rate'),
-    'capacity': ('model', 'capacity'),
-    'encoder_layers': ('model', 'encoder_layers'),
-    'decoder_layers': ('model', 'decoder_layers'),
-    'window': ('model', 'byte_window'),
-}
 
 
 def count(config) -> int:
@@ -217,7 +222,7 @@ def _resolve_one(config, level: int) -> Stage:
     else:
       values[attr], sources[attr] = config[section][field], f'config.{section}.{field}'
 
-  for attr, (section, field) in _FIELDS.items():
+  for attr, (section, field) in PER_STAGE.items():
     pick(attr, section, field)
   method = values['method']
   top = config.boundary[method] if method in config.boundary else {}
@@ -229,8 +234,6 @@ def _resolve_one(config, level: int) -> Stage:
     if value is not None:
       settings[field] = value
       sources[f'settings.{field}'] = f'{prefix}.boundary.{method}.{field}'
-  for field in OVERRIDES['estimator']:
-    pick(f'estimator.{field}', 'estimator', field)
   est = config.estimator
   estimator = EstimatorSettings(
       **{f: values.pop(f'estimator.{f}') for f in OVERRIDES['estimator']},

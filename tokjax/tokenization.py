@@ -144,8 +144,8 @@ def window_overlap(config) -> int:
   bound, so the window re-reads the cap (half a window): long-range decisions near a seam may differ
   from one pass over the whole text.
   """
-  m, seq_len = config.model, config.data.seq_len
-  field = m.encoder_layers * (m.byte_window - 1) if m.byte_window > 0 else seq_len
+  first, seq_len = stages_lib.get(config, 0), config.data.seq_len
+  field = first.encoder_layers * (first.window - 1) if first.window > 0 else seq_len
   if stages_lib.count(config) > 1:
     field = seq_len
   return max(0, min(field, (seq_len - 2) // 2))

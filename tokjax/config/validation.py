@@ -100,8 +100,9 @@ def validate(config) -> None:
   pipeline.validate(config)
   model_validation.validate(config)
   trainer.validate(config)
+  levels = stages.resolve(config)
   estimator.validate(
       config,
-      stages.resolve(config),
-      score_function=models.trains_score_function(config, 0),
+      levels,
+      score_function=tuple(models.trains_score_function(config, s) for s in range(len(levels))),
   )

@@ -64,7 +64,7 @@ def stage_settings(config, s: int) -> dict:
 def hf_config(config) -> dict:
   """The TokjaxConfig fields of a tokjax config (the model part; provenance is added by the
   exporter)."""
-  m = config.model
+  m, first = config.model, stages.get(config, 0)
   fields = dict(
       kind=m.kind,
       vocab_size=VOCAB_SIZE,
@@ -72,16 +72,16 @@ def hf_config(config) -> dict:
       pad_token_id=PAD_ID,
       d_model=int(m.d_model),
       num_heads=int(m.num_heads),
-      byte_window=int(m.byte_window),
+      byte_window=int(first.window),
       max_position_embeddings=int(config.data.seq_len),
   )
   if m.kind == 'flat':
     fields.update(num_layers=int(m.num_layers), mlp_ratio=int(m.mlp_ratio))
     return fields
   fields.update(
-      encoder_layers=int(m.encoder_layers),
+      encoder_layers=int(first.encoder_layers),
       main_layers=int(m.main_layers),
-      decoder_layers=int(m.decoder_layers),
+      decoder_layers=int(first.decoder_layers),
       byte_mlp_ratio=int(m.byte_mlp_ratio),
       main_mlp_ratio=int(m.main_mlp_ratio),
       stages=[stage_settings(config, s) for s in range(models.num_stages(config))],

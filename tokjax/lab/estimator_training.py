@@ -25,7 +25,7 @@ import sys
 from absl import flags, logging
 import numpy as np
 
-from tokjax import cli, estimator
+from tokjax import cli, estimator, stages
 from tokjax.config import files as config_files
 from tokjax.config import validation as config_validation
 from tokjax.errors import UserError
@@ -78,7 +78,7 @@ def variant_config(
 
 
 def draws_per_step(config) -> int:
-  est = config.estimator
+  est = stages.get(config, 0).estimator
   return config.data.batch_size * estimator.baseline(est.baseline).draws(est)
 
 

@@ -49,7 +49,7 @@ import ml_collections
 from ml_collections import config_flags
 import numpy as np
 
-from tokjax import cli, estimator, losses
+from tokjax import cli, estimator, losses, stages
 from tokjax.data import VOCAB_SIZE
 from tokjax.errors import UserError
 from tokjax.lab import common
@@ -147,7 +147,15 @@ TINY_L, TINY_D = 8, 16
 def tiny_model(boundary) -> hierarchical.HierarchicalByteLM:
   """d_model 16, one block per stack, L = 8, capacity 8 (never binding: 6 free decisions)."""
   return hierarchical.HierarchicalByteLM(
-      VOCAB_SIZE, TINY_D, 2, 1, 1, 1, boundary, byte_window=4, capacity=TINY_L
+      vocab_size=VOCAB_SIZE,
+      d_model=TINY_D,
+      num_heads=2,
+      main_layers=1,
+      levels=(
+          hierarchical.Level(
+              boundary=boundary, capacity=TINY_L, encoder_layers=1, decoder_layers=1, window=4
+          ),
+      ),
   )
 
 
@@ -334,7 +342,7 @@ def encode(setup: Setup):
 
 def draw_actions(setup: Setup, h, key, n: int):
   """n independent boundary draws of the batch from the policy: float32[n, B, L]."""
-  policy = setup.model.boundary
+  policy = setup.model.levels[0].boundary
   one = lambda k: policy.apply({'params': setup.boundary_params}, h, k, mode='sample').actions
   return jax.jit(jax.vmap(one))(jax.random.split(key, n))
 
@@ -366,7 +374,7 @@ def ce_forward_fn(setup: Setup, chunk: int = 8):
 def _policy_grads(setup: Setup, h, mask, actions, coefs):
   """Per-estimate gradients of policy_loss over the boundary params: actions, coefs: [N, R, L] with
   R rows (h: [R, L, D], mask: [R, L]) -> float64[N, P]."""
-  policy = setup.model.boundary
+  policy = setup.model.levels[0].boundary
 
   def one(a, g):
     def surrogate(pb):
@@ -482,7 +490,7 @@ def run_lab(
   with ste_samples draws (0 = n_samples): each is a full forward and backward pass of the model.
   Returns {'reference': {...}, 'rows': [dict per variant]}.
   """
-  if not isinstance(setup.model.boundary, bd.BoundaryPolicy):
+  if not isinstance(setup.model.levels[0].boundary, bd.BoundaryPolicy):
     raise UserError(
         "the estimator lab measures the score-function policy: the model's "
         'boundary.method must be "policy".'
@@ -660,7 +668,7 @@ def main(argv):
       config, params, name = _CONFIG.value, None, 'config'
     from tokjax import models  # pylint: disable=g-import-not-at-top
 
-    if not models.num_stages(config) or config.boundary.method != 'policy':
+    if not models.num_stages(config) or stages.get(config, 0).method != 'policy':
       raise UserError('the estimator lab needs a hierarchical model with boundary.method="policy".')
     setup = _model_setup(config, params, _SEED.value)
     if setup.model.value_head:

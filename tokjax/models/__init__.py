@@ -32,7 +32,8 @@ def trains_score_function(config, s: int) -> bool:
 def trains_critic(config) -> bool:
   """Whether the model needs its value head: stage 0 trains with the score function under a critic
   baseline (only stage 0 has one)."""
-  return trains_score_function(config, 0) and estimator.baseline(config.estimator.baseline).critic
+  first = stages.get(config, 0)
+  return trains_score_function(config, 0) and estimator.baseline(first.estimator.baseline).critic
 
 
 def build_model(config):
@@ -48,7 +49,7 @@ def build_model(config):
         num_layers=m.num_layers,
         num_heads=m.num_heads,
         mlp_hidden=m.mlp_ratio * m.d_model,
-        window=m.byte_window,
+        window=levels[0].window,  # The flat model's one stage, built by no one, holds its window.
         dtype=dtype,
         remat=opts['remat']['main'],
         scan_layers=opts['scan_layers'],
@@ -58,34 +59,26 @@ def build_model(config):
       vocab_size=VOCAB_SIZE,
       d_model=m.d_model,
       num_heads=m.num_heads,
-      encoder_layers=levels[0].encoder_layers,
       main_layers=m.main_layers,
-      decoder_layers=levels[0].decoder_layers,
-      boundary=build_boundary(config, levels[0]),
-      byte_window=levels[0].window,
+      levels=tuple(level(config, st) for st in levels),
       byte_mlp_ratio=m.byte_mlp_ratio,
       main_mlp_ratio=m.main_mlp_ratio,
-      capacity=levels[0].capacity,
       dtype=dtype,
       value_head=trains_critic(config),
-      remat=tuple(opts['remat'][s] for s in ('encoder', 'main', 'decoder')),
+      remat=hierarchical.Remat(**opts['remat']),
       scan_layers=opts['scan_layers'],
       attention=opts['attention'],
-      inner_stages=inner_stages(config),
   )
 
 
-def inner_stages(config) -> tuple[hierarchical.StageSettings, ...]:
-  """HierarchicalByteLM's stages 1..S-1 (`stages.resolve`): () for one stage."""
-  return tuple(
-      hierarchical.StageSettings(
-          boundary=build_boundary(config, st),
-          capacity=int(st.capacity),
-          encoder_layers=int(st.encoder_layers),
-          decoder_layers=int(st.decoder_layers),
-          window=int(st.window),
-      )
-      for st in stages.resolve(config)[1:]
+def level(config, stage: stages.Stage) -> hierarchical.Level:
+  """HierarchicalByteLM's level of `stage` (`stages.resolve`)."""
+  return hierarchical.Level(
+      boundary=build_boundary(config, stage),
+      capacity=int(stage.capacity),
+      encoder_layers=int(stage.encoder_layers),
+      decoder_layers=int(stage.decoder_layers),
+      window=int(stage.window),
   )
 
 

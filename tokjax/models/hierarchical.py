@@ -41,14 +41,15 @@ from tokjax.vocab import PAD_ID
 
 
 @dataclasses.dataclass(frozen=True)
-class StageSettings:
-  """One stage s >= 1 of `HierarchicalByteLM`: what it reads over the chunks of stage s - 1 (built
-  from `tokjax.stages.Stage` s by `tokjax.models.build_model`).
+class Level:
+  """One level of boundaries of `HierarchicalByteLM`, level 0 over bytes, level s >= 1 over the chunks
+  of level s - 1 (built from `tokjax.stages.Stage` s by `tokjax.models.build_model`).
 
   boundary: its boundary module (any module with the `BoundaryPolicy` call signature), left unbound:
-  the model binds it in setup as `inner_boundaries_{s - 1}` (flax does not look for modules inside a
-  plain dataclass field). capacity: its chunk buffer. encoder_layers, decoder_layers: its chunk layers
-  below and above the stage above it. window: their attention width in bytes (0: full causal).
+  the model binds it in setup (flax does not look for modules inside a plain dataclass field).
+  capacity: its chunk buffer. encoder_layers, decoder_layers: its layers below and above the level
+  above it (byte layers at level 0, chunk layers above). window: their attention width in bytes (0:
+  full causal attention).
   """
 
   boundary: nn.Module
@@ -58,52 +59,64 @@ class StageSettings:
   window: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class Remat:
+  """The `jax.checkpoint` policy of each kind of stack (layers.StackSettings.remat): the byte
+  encoder, the main network (and every chunk stack of levels >= 1), the byte decoder."""
+
+  encoder: str = 'none'
+  main: str = 'none'
+  decoder: str = 'none'
+
+
+# The lists setup keeps each kind of module of levels >= 1 in: level s's is entry s - 1, named
+# LIST_{s - 1} in the parameters. Level 0's go by the kind's own name, as in the one-level model.
+# Saved checkpoints restore by these names, so they may not change.
+_ABOVE = {
+    'boundary': 'inner_boundaries',
+    'encoder': 'inner_encoders',
+    'decoder': 'inner_decoders',
+    'early_head': 'inner_early_heads',
+}
+
+
 def is_boundary_module(name: str) -> bool:
-  """Whether the top-level parameters `name` belong to a stage's boundary method: `boundary` at
-  stage 0, `inner_boundaries_{s - 1}` at stage s >= 1 (the names setup gives them)."""
+  """Whether the top-level parameters `name` belong to a level's boundary method: `boundary` at
+  level 0, `inner_boundaries_{s - 1}` at level s >= 1 (the names setup gives them)."""
   return name == 'boundary' or name.startswith('inner_boundaries_')
 
 
 class HierarchicalByteLM(nn.Module):
-  """See the module docstring. The byte MLPs are `byte_mlp_ratio * d`, chunk MLPs `main_mlp_ratio * d`."""
+  """See the module docstring. levels: every level of boundaries, bytes first (`Level`). The byte
+  MLPs are `byte_mlp_ratio * d`, chunk MLPs (main network and levels >= 1) `main_mlp_ratio * d`."""
 
   vocab_size: int
   d_model: int
   num_heads: int
-  encoder_layers: int
   main_layers: int
-  decoder_layers: int
-  boundary: nn.Module
-  byte_window: int = 64
+  levels: tuple[Level, ...]
   byte_mlp_ratio: int = 1
   main_mlp_ratio: int = 4
-  capacity: int = 64
   dtype: layers.Dtype = jnp.float32
   value_head: bool = (
       False  # A critic on the (detached) encoder state, for estimator.baseline='value'.
   )
-  # Memory and speed options of the stacks (layers.Stack): remat policy of encoder, main, decoder.
-  remat: tuple[str, str, str] = ('none', 'none', 'none')
+  # Memory and speed options of the stacks (layers.Stack).
+  remat: Remat = Remat()
   scan_layers: bool = False
   attention: str = 'blocked'
-  # Stages 1..S-1 (empty for the one-stage model): entry s - 1 is stage s.
-  inner_stages: tuple[StageSettings, ...] = ()
 
-  def stack_settings(self, which: str) -> layers.StackSettings:
-    """The `layers.Stack` of stack `which` ('encoder' | 'main' | 'decoder')."""
+  def stack_settings(self, which: str, level: int = 0) -> layers.StackSettings:
+    """The `layers.Stack` of 'main', or of level's 'encoder' | 'decoder': byte-wide MLPs and their
+    own remat at level 0, chunk-wide MLPs and the main network's remat above."""
     d = self.d_model
-    num_layers, mlp_hidden, window = {
-        'encoder': (self.encoder_layers, self.byte_mlp_ratio * d, self.byte_window),
-        'main': (self.main_layers, self.main_mlp_ratio * d, 0),
-        'decoder': (self.decoder_layers, self.byte_mlp_ratio * d, self.byte_window),
-    }[which]
-    remat = self.remat[('encoder', 'main', 'decoder').index(which)]
-    return self._stack(num_layers, mlp_hidden, window, remat)
-
-  def inner_stack_settings(self, stage: StageSettings, num_layers: int) -> layers.StackSettings:
-    """The `layers.Stack` of num_layers chunk layers of an inner stage (its encoder or decoder):
-    chunk-wide MLPs and the main stack's remat, within the stage's window."""
-    return self._stack(num_layers, self.main_mlp_ratio * self.d_model, stage.window, self.remat[1])
+    if which == 'main':
+      return self._stack(self.main_layers, self.main_mlp_ratio * d, 0, self.remat.main)
+    lv = self.levels[level]
+    num_layers = {'encoder': lv.encoder_layers, 'decoder': lv.decoder_layers}[which]
+    if level == 0:
+      return self._stack(num_layers, self.byte_mlp_ratio * d, lv.window, getattr(self.remat, which))
+    return self._stack(num_layers, self.main_mlp_ratio * d, lv.window, self.remat.main)
 
   def _stack(self, num_layers, mlp_hidden, window, remat) -> layers.StackSettings:
     return layers.StackSettings(
@@ -120,7 +133,7 @@ class HierarchicalByteLM(nn.Module):
   # The `interface.ByteLM` properties.
   @property
   def num_stages(self) -> int:
-    return 1 + len(self.inner_stages)
+    return len(self.levels)
 
   takes_key = True
   boundary_modes = ('sample', 'greedy')
@@ -129,29 +142,29 @@ class HierarchicalByteLM(nn.Module):
     return interface.init_args(self, batch_size, seq_len)
 
   def capacities(self) -> tuple[int, ...]:
-    """Chunk buffer of every stage, stage 0 first."""
-    return (self.capacity,) + tuple(st.capacity for st in self.inner_stages)
+    """Chunk buffer of every level, level 0 first."""
+    return tuple(lv.capacity for lv in self.levels)
 
   def setup(self):
     self.embed = layers.Embed(self.vocab_size, self.d_model, self.dtype)
+    # Level 0's modules under their own names, the levels above in lists (`_ABOVE`).
+    self.boundary = self.levels[0].boundary
     self.encoder = layers.Stack(self.stack_settings('encoder'))
     self.main = layers.Stack(self.stack_settings('main'))
     self.decoder = layers.Stack(self.stack_settings('decoder'))
     self.early_head = layers.LMHead(self.vocab_size, self.dtype)
     self.head = layers.LMHead(self.vocab_size, self.dtype)
-    # The submodule names (inner_boundaries_0, inner_encoders_0, ...) are the parameter paths that
-    # saved checkpoints restore into.
-    inner = self.inner_stages
-    self.inner_boundaries = [st.boundary for st in inner]
-    self.inner_encoders = [
-        layers.Stack(self.inner_stack_settings(st, st.encoder_layers)) for st in inner
-    ]
-    self.inner_decoders = [
-        layers.Stack(self.inner_stack_settings(st, st.decoder_layers)) for st in inner
-    ]
-    self.inner_early_heads = [layers.LMHead(self.vocab_size, self.dtype) for _ in inner]
+    above = range(1, self.num_stages)
+    self.inner_boundaries = [self.levels[s].boundary for s in above]
+    self.inner_encoders = [layers.Stack(self.stack_settings('encoder', s)) for s in above]
+    self.inner_decoders = [layers.Stack(self.stack_settings('decoder', s)) for s in above]
+    self.inner_early_heads = [layers.LMHead(self.vocab_size, self.dtype) for _ in above]
     if self.value_head:
       self.critic = Critic(self.d_model)
+
+  def level_module(self, kind: str, level: int) -> nn.Module:
+    """Level's 'boundary' | 'encoder' | 'decoder' | 'early_head' (bound)."""
+    return getattr(self, kind) if level == 0 else getattr(self, _ABOVE[kind])[level - 1]
 
   def encode(self, tokens):
     """tokens: int32[B, L] -> (h: [B, L, D], early_logits: float32[B, L, V])."""
@@ -206,13 +219,12 @@ class HierarchicalByteLM(nn.Module):
     """
     given = actions if isinstance(actions, (tuple, list)) else (actions,) * self.num_stages
     modes = mode if isinstance(mode, (tuple, list)) else (mode,) * self.num_stages
-    boundaries_ = (self.boundary,) + tuple(self.inner_boundaries)
     b, l = tokens.shape
     x, positions = h, jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
     valid, stage_tokens = None, tokens
     levels = []  # Per stage: its input x, positions, valid, tokens, boundaries and chunk ends.
     for s, capacity in enumerate(self.capacities()):
-      bnd = boundaries_[s](
+      bnd = self.level_module('boundary', s)(
           x,
           key if s == 0 else jax.random.fold_in(key, s),
           mode=modes[s],
@@ -242,7 +254,7 @@ class HierarchicalByteLM(nn.Module):
       stage_tokens = jnp.where(chunk_valid, jnp.take_along_axis(stage_tokens, at, axis=1), PAD_ID)
       valid = chunk_valid
       if s + 1 < self.num_stages:
-        x = self.inner_encoders[s](chunks, positions, valid)
+        x = self.level_module('encoder', s + 1)(chunks, positions, valid)
       else:
         out = self.main(chunks, positions, valid)
     for s in reversed(range(self.num_stages)):
@@ -251,16 +263,15 @@ class HierarchicalByteLM(nn.Module):
       if bnd.chunk_ema is not None:
         out = chunking.ema_chunks(out, bnd.chunk_ema, lv['index'])
       out = chunking.upsample(lv['x'], out, bnd.actions, bnd.chunk_gate)
-      if s > 0:
-        out = self.inner_decoders[s - 1](out, lv['positions'], lv['valid'])
-    logits = self.head(self.decoder(out, levels[0]['positions']))
+      out = self.level_module('decoder', s)(out, lv['positions'], lv['valid'])
+    logits = self.head(out)
     stages = []
     for s, lv in enumerate(levels):
       if s == 0:
         valid, stage_early = jnp.ones((b, l), bool), early_logits
       else:
         valid = lv['valid']
-        stage_early = self.inner_early_heads[s - 1](h + self.to_bytes(lv['x'], levels[:s]))
+        stage_early = self.level_module('early_head', s)(h + self.to_bytes(lv['x'], levels[:s]))
       stages.append(
           interface.StageOutput(
               boundaries=lv['boundaries'],

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import checkpointing, cli, models, sharding
+from tokjax import checkpointing, cli, models, sharding, stages
 from tokjax import trainer as trainer_lib
 from tokjax.config import files as config_files
 from tokjax.data import pipeline
@@ -140,10 +140,9 @@ def main(argv):
     ckpt = checkpointing.load_checkpoint(_RUN.value)
     c = ckpt.config.copy_and_resolve_references()
     c.data.corpus = _CORPUS.value
-    cases = [
-        (f'{ckpt.config.boundary.method} ({_RUN.value})', c, ckpt.model, {'params': ckpt.params})
-    ]
-    lookahead = [registry.get(ckpt.config.boundary.method).lookahead]
+    method = stages.get(ckpt.config, 0).method
+    cases = [(f'{method} ({_RUN.value})', c, ckpt.model, {'params': ckpt.params})]
+    lookahead = [registry.get(method).lookahead]
   else:
     names = _METHODS.value or list(registry.methods())
     cases = [(m, *_model_at_init(m, _CORPUS.value, _SEQ_LEN.value)) for m in names]
