@@ -8,9 +8,10 @@ r"""The cheapest measured setup where the ladder ranks the boundary methods: 4e6
 configs/compare.py:METHOD (0.86M parameters), 977 steps of 16 x 256 bytes at lr 8e-3, rates near 0.2
 (H-Net's ratio weight 0.3; causal BPE about 0.29). Expect (test bpb; X - policy paired +- combined
 s.e., Holm-adjusted p: results/ladder/README.md): policy 2.318 (seeds 0-7); uniform 2.337 (+0.018,
-Holm 0.029, found behind); H-Net 2.330 (+0.012, p 0.041, Holm 0.051; fresh seeds 8-15: +0.014, p
-0.046, found); whitespace 2.308 (Holm 0.051). Every one is worse than PPMd primed with the training
-split (1.890) and a byte 6-gram (2.013). bpe_oracle (2.252) reads later bytes: not a byte LM.
+Holm 0.039, found behind); H-Net 2.330 (+0.012, p 0.041, Holm 0.082; fresh seeds 8-15: +0.014, p
+0.046, found); whitespace 2.308 (Holm 0.076); causal BPE 2.270 at rate 0.29 (-0.029, p 0.18, not
+found). All are worse than PPMd primed with the training split (1.890) and a byte 6-gram (2.013).
+bpe_oracle (2.252) reads later bytes: not a byte LM.
 """
 
 from tokjax.config import files as config_files
