@@ -589,8 +589,8 @@ def test_generate_cached_equals_uncached_and_tokjax(stages, tmp_path):
   else:  # The inner stage's policy sequential: its decisions read the ones before them.
     c = conftest.tiny_two_stage_config(str(tmp_path))
     c.stages.s1.boundary.policy.window = 3
-  model, params = _initialised(c)
-  params = _lively(params)
+  model, initial = _initialised(c)
+  params = _lively(initial)
   fields = spec.hf_config(c)
   model_pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
   assert model_pt.supports_cache
@@ -603,6 +603,18 @@ def test_generate_cached_equals_uncached_and_tokjax(stages, tmp_path):
   np.testing.assert_array_equal(on_bytes[:, 0] if stages == 1 else on_bytes, tokjax_actions)
   for level in range(stages):
     assert 0 < on_bytes[:, level, 1:].mean() < 1, (level, on_bytes[:, level].mean())
+  # A row far longer than training's (64 bytes), at the initial policy (rate about 0.2): its chunk
+  # buffers grow with it, so it reads as with room for a chunk at every byte, as tokjax's forward
+  # does (tests/test_models.py).
+  at_init = exporter.torch_model(fields, exporter.torch_state(fields, initial))
+  row = torch.randint(32, 127, (1, 1500), generator=torch.Generator().manual_seed(0))
+  draw = lambda: dict(generator=torch.Generator().manual_seed(1))
+  with torch.no_grad():
+    grown = at_init(row, do_sample=True, **draw())
+    unbounded = at_init._hierarchical(row, None, 'sample', capacity=1500, **draw())
+  assert float(grown.boundaries[0].sum()) > c.model.capacity
+  np.testing.assert_array_equal(grown.boundaries[0].numpy(), unbounded.boundaries[0].numpy())
+  np.testing.assert_allclose(grown.logits.numpy(), unbounded.logits.numpy(), atol=1e-4, rtol=0)
   # A batch of prompts of two lengths padded on the left, as transformers pads for generation: a
   # PAD before a row's bytes would be read as text, so every path refuses it.
   padded = torch.tensor([[PAD_ID, PAD_ID, BOS_ID, *b'abc'], [BOS_ID, *b'abcde']])

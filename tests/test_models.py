@@ -424,3 +424,29 @@ def test_built_models_keep_the_parameter_paths_checkpoints_restore_into(config_f
   init = lambda: nn.unbox(model.init(jax.random.PRNGKey(0), *model.init_args(1, 16)))
   leaves = jax.tree_util.tree_flatten_with_path(jax.eval_shape(init))[0]
   assert sorted('/'.join(k.key for k in path) for path, _ in leaves) == list(want)
+
+
+def test_an_input_longer_than_training_keeps_every_boundary_training_had_room_for(tmp_path):
+  """A 1500-byte row through a model trained on 64-byte rows (chunk buffer 32): its buffers grow
+  with the row's length, so it equals the model with room for a chunk at every byte."""
+  from conftest import tiny_config  # pylint: disable=g-import-not-at-top
+
+  from tokjax import decoding, models  # pylint: disable=g-import-not-at-top
+
+  c = tiny_config(str(tmp_path))
+  model = models.build_model(c)
+  assert (model.train_length, model.capacities()) == (64, (32,))
+  params = jit_call(
+      lambda *a: nn.unbox(model.init(*a)), jax.random.PRNGKey(0), *model.init_args(1, 64)
+  )
+  row = jax.random.randint(jax.random.PRNGKey(1), (1, 1500), 32, 127)
+  key = jax.random.PRNGKey(2)
+  run = lambda m: jit_call(m.apply, params, row, key, mode='sample')
+  grown, unbounded = run(model), run(decoding.with_capacity(model, 1500))
+  # More chunks than the 32 of a training row's buffer, none dropped: a fixed buffer would drop.
+  chunks = float(grown.stages[0].boundaries.actions.sum())
+  assert chunks > 32 and float(grown.stages[0].boundaries.dropped.sum()) == 0, chunks
+  np.testing.assert_array_equal(
+      grown.stages[0].boundaries.actions, unbounded.stages[0].boundaries.actions
+  )
+  np.testing.assert_allclose(grown.logits, unbounded.logits, atol=1e-5, rtol=0)

@@ -40,7 +40,6 @@ byte, acceptable at the CPU sizes the multi-stage configs have.
 Shape names: B rows, N total positions (BOS + prompt + generated), S cache slots, V vocabulary.
 """
 
-import dataclasses
 import functools
 
 import jax
@@ -202,13 +201,7 @@ def uncached_step(model, params, tokens, actions, t, key, mode: str):
 
 def with_capacity(model, capacity: int):
   """The same model (same parameters) with a chunk buffer of `capacity` slots at every level."""
-  levels = tuple(
-      dataclasses.replace(
-          lv, boundary=lv.boundary.clone(parent=None, capacity=capacity), capacity=capacity
-      )
-      for lv in model.levels
-  )
-  return model.clone(parent=None, levels=levels)
+  return model.with_capacities((capacity,) * model.num_stages)
 
 
 @functools.partial(

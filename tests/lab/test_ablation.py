@@ -143,7 +143,8 @@ def test_the_window_variants_measure_the_window_and_the_logit_apart():
   build), and 'w8_scaled' both: the paper's sequential policy, mapped to the paper's full row."""
   runs = ablation.plan(ablation.VARIANTS, [0], 4e6, 8e-3, 'shakespeare', tiny=False)
   policy = {
-      name: models.build_model(ladder.build_config(rs[0])).boundary for name, rs in runs.items()
+      name: models.build_model(ladder.build_config(rs[0])).levels[0].boundary
+      for name, rs in runs.items()
   }
   form = lambda p: (p.window, bd.is_scaled(p.form, p.window))
   assert form(policy['full']) == (1, False)

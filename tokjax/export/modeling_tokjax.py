@@ -662,13 +662,17 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     return out
 
   def _hierarchical(self, tokens, given, mode, generator, capacity=None):
-    """capacity: every stage's chunk buffer instead of the configured ones (generation)."""
+    """capacity: every stage's chunk buffer instead of the configured ones (generation). A row
+    longer than training's (max_position_embeddings) gets each configured buffer grown in
+    proportion, as tokjax's `HierarchicalByteLM.for_length` does."""
     s_count = self.num_stages
     given = tuple(given) if isinstance(given, (tuple, list)) else (given,) + (None,) * (s_count - 1)
     given = given + (None,) * (s_count - len(given))
     methods = [self.boundary, *self.inner_boundaries]
-    capacities = [capacity or st['capacity'] for st in self.config.stages]
     b, l = tokens.shape
+    train = self.config.max_position_embeddings
+    grown = lambda c: c if l <= train else max(c, -(-c * l // train))
+    capacities = [capacity or grown(st['capacity']) for st in self.config.stages]
     positions = torch.arange(l, device=tokens.device).expand(b, l)
     h = self.encoder(self.embed(tokens), positions)
     early_logits = self.early_head(h)

@@ -68,6 +68,7 @@ def build_model(config):
       remat=hierarchical.Remat(**opts['remat']),
       scan_layers=opts['scan_layers'],
       attention=opts['attention'],
+      train_length=int(config.data.seq_len),
   )
 
 

@@ -105,6 +105,33 @@ class HierarchicalByteLM(nn.Module):
   remat: Remat = Remat()
   scan_layers: bool = False
   attention: str = 'blocked'
+  # The length it trains on (config.data.seq_len; 0: none given). A longer input gets chunk buffers
+  # grown in proportion (`for_length`), so it keeps the boundaries training would have room for.
+  train_length: int = 0
+
+  def for_length(self, length: int) -> 'HierarchicalByteLM':
+    """This model (same parameters) for inputs of `length` positions: each level's chunk buffer
+    capacity * length / train_length (rounded up) where length exceeds train_length, else self."""
+    if not 0 < self.train_length < length:
+      return self
+    grown = lambda c: max(c, -(-c * length // self.train_length))
+    return self.with_capacities(tuple(grown(lv.capacity) for lv in self.levels))
+
+  def with_capacities(self, capacities) -> 'HierarchicalByteLM':
+    """This model (same parameters) with level s's chunk buffer capacities[s]."""
+    levels = tuple(
+        dataclasses.replace(lv, boundary=lv.boundary.clone(parent=None, capacity=c), capacity=c)
+        for lv, c in zip(self.levels, capacities)
+    )
+    return self.clone(parent=None, levels=levels)
+
+  def apply(self, variables, *args, **kwargs):
+    """`nn.Module.apply` on `for_length` of the input's length (the first argument, int32[B, L]):
+    the chunk buffers are picked from the length at trace time."""
+    tokens = args[0] if args else kwargs.get('tokens')
+    shape = getattr(tokens, 'shape', ())
+    model = self.for_length(shape[1]) if len(shape) == 2 else self
+    return nn.Module.apply(model, variables, *args, **kwargs)
 
   def stack_settings(self, which: str, level: int = 0) -> layers.StackSettings:
     """The `layers.Stack` of 'main', or of level's 'encoder' | 'decoder': byte-wide MLPs and their
