@@ -442,6 +442,9 @@ def test_an_input_longer_than_training_keeps_every_boundary_training_had_room_fo
   row = jax.random.randint(jax.random.PRNGKey(1), (1, 1500), 32, 127)
   key = jax.random.PRNGKey(2)
   run = lambda m: jit_call(m.apply, params, row, key, mode='sample')
+  assert model.for_length(1500).capacities() == (750,)  # 32 * 1500 / 64.
+  # A buffer given explicitly (generation's) stays as given at any length.
+  assert decoding.with_capacity(model, 1500).for_length(3000).capacities() == (1500,)
   grown, unbounded = run(model), run(decoding.with_capacity(model, 1500))
   # More chunks than the 32 of a training row's buffer, none dropped: a fixed buffer would drop.
   chunks = float(grown.stages[0].boundaries.actions.sum())

@@ -118,12 +118,13 @@ class HierarchicalByteLM(nn.Module):
     return self.with_capacities(tuple(grown(lv.capacity) for lv in self.levels))
 
   def with_capacities(self, capacities) -> 'HierarchicalByteLM':
-    """This model (same parameters) with level s's chunk buffer capacities[s]."""
+    """This model (same parameters) with level s's chunk buffer capacities[s], whatever the
+    input's length (no `for_length` growth on top)."""
     levels = tuple(
         dataclasses.replace(lv, boundary=lv.boundary.clone(parent=None, capacity=c), capacity=c)
         for lv, c in zip(self.levels, capacities)
     )
-    return self.clone(parent=None, levels=levels)
+    return self.clone(parent=None, levels=levels, train_length=0)
 
   def apply(self, variables, *args, **kwargs):
     """`nn.Module.apply` on `for_length` of the input's length (the first argument, int32[B, L]):
