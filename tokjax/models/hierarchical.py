@@ -130,7 +130,7 @@ class HierarchicalByteLM(nn.Module):
     """`nn.Module.apply` on `for_length` of the input's length (the first argument, int32[B, L]):
     the chunk buffers are picked from the length at trace time."""
     tokens = args[0] if args else kwargs.get('tokens')
-    shape = getattr(tokens, 'shape', ())
+    shape: tuple[int, ...] = tuple(getattr(tokens, 'shape', ()))
     model = self.for_length(shape[1]) if len(shape) == 2 else self
     return nn.Module.apply(model, variables, *args, **kwargs)
 
