@@ -671,7 +671,7 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     methods = [self.boundary, *self.inner_boundaries]
     b, l = tokens.shape
     train = self.config.max_position_embeddings
-    grown = lambda c: c if l <= train else max(c, -(-c * l // train))
+    grown = lambda c: c if l <= train else -(-c * l // train)
     capacities = [capacity or grown(st['capacity']) for st in self.config.stages]
     positions = torch.arange(l, device=tokens.device).expand(b, l)
     h = self.encoder(self.embed(tokens), positions)

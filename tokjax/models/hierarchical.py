@@ -114,7 +114,7 @@ class HierarchicalByteLM(nn.Module):
     capacity * length / train_length (rounded up) where length exceeds train_length, else self."""
     if not 0 < self.train_length < length:
       return self
-    grown = lambda c: max(c, -(-c * length // self.train_length))
+    grown = lambda c: -(-c * length // self.train_length)  # Rounded up: more than c.
     return self.with_capacities(tuple(grown(lv.capacity) for lv in self.levels))
 
   def with_capacities(self, capacities) -> 'HierarchicalByteLM':
