@@ -119,6 +119,24 @@ def tiny_run(tmp_path_factory):
   return _shared_run(tmp_path_factory, 'tiny_run', lambda d: train.train(tiny_run_config(d)))
 
 
+def flat_run_config(workdir: str):
+  """`tiny_config` with the flat model, 40 steps of batch 8 logged at every step: what `flat_run`
+  trains."""
+  c = tiny_config(workdir)
+  c.model.kind = 'flat'
+  c.data.batch_size, c.train.steps, c.train.log_every = 8, 40, 1
+  c.train.eval_every = c.train.checkpoint_every = 40
+  return c
+
+
+@pytest.fixture(scope='session')
+def flat_run(tmp_path_factory):
+  """Run folder of a finished 40-step run of `flat_run_config` (one checkpoint, at step 40)."""
+  from tokjax import train  # pylint: disable=g-import-not-at-top
+
+  return _shared_run(tmp_path_factory, 'flat_run', lambda d: train.train(flat_run_config(d)))
+
+
 def tiny_two_stage_config(workdir: str):
   """configs/two_stage.py's learned/learned variant at its tiny size, on `tiny_config`'s data."""
   from tokjax.config import files as config_files

@@ -136,15 +136,17 @@ def test_one_stage_generation_gives_the_training_forward_logits(
     np.testing.assert_array_equal(gen['actions'][:, 1:], out.boundaries.logits[:, 1:-1] > 0)
 
 
-@pytest.mark.parametrize('mode,temperature,top_k', [('greedy', 0.0, 0), ('sample', 1.0, 0)])
+@pytest.mark.parametrize(
+    'mode,temperature,top_k,cached', [('greedy', 0.0, 0, True), ('sample', 1.0, 0, False)]
+)
 def test_two_stage_generation_gives_the_training_forward_logits(
-    two_stage, mode, temperature, top_k
+    two_stage, mode, temperature, top_k, cached
 ):
   model, params = two_stage
   assert model.num_stages == 2
   prompt, lengths = _prompts()
   key, p = jax.random.PRNGKey(3), prompt.shape[1]
-  args = (model, params, prompt, key, 40, mode, temperature, top_k)
+  args = (model, params, prompt, key, 40, mode, temperature, top_k, cached)
   gen = jax.device_get(decoding.generate_stages(*args, lengths=lengths))
   out = training_forward(model, params, gen['tokens'], gen['actions'])
   _check(gen, gen['actions'], out, p)

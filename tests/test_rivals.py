@@ -12,10 +12,10 @@ import numpy as np
 import optax
 import pytest
 
-from tokjax import models
-from tokjax.data import BOS_ID
+from tokjax import decoding, models
+from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
-from tokjax.models import registry
+from tokjax.models import interface, registry
 from tokjax.models.rivals import bpe, entropy, gumbel, hnet
 
 L, CAP = 48, 24
@@ -100,25 +100,25 @@ def test_registry_holds_the_builtin_methods_and_their_config_sections():
 @pytest.fixture(scope='module')
 def built(tokenizer_json, tmp_path_factory):
   """built(method, stages=1) -> (params, jitted apply) of that method's model, made once for the
-  module.
+  module (with model=True: (params, apply, model)).
 
   The causality and sampling-flag tests call it on rows of the same shape, so each method's model is
   initialised and compiled once for both.
   """
   cache = {}
 
-  def build(method, stages=1):
+  def build(method, stages=1, model=False):
     if (method, stages) not in cache:
       tmp = tmp_path_factory.mktemp(method)
       if stages == 1:
-        model = _model(_boundary(method, tokenizer_json, tmp))
+        net = _model(_boundary(method, tokenizer_json, tmp))
       else:
-        model = models.build_model(_config(method, tokenizer_json, tmp, stages))
+        net = models.build_model(_config(method, tokenizer_json, tmp, stages))
       params = nn.unbox(
-          jit_call(model.init, jax.random.PRNGKey(0), _text_tokens(0), jax.random.PRNGKey(3))
+          jit_call(net.init, jax.random.PRNGKey(0), _text_tokens(0), jax.random.PRNGKey(3))
       )
-      cache[method, stages] = params, jax.jit(model.apply, static_argnames='mode')
-    return cache[method, stages]
+      cache[method, stages] = params, jax.jit(net.apply, static_argnames='mode'), net
+    return cache[method, stages] if model else cache[method, stages][:2]
 
   return build
 
@@ -178,6 +178,38 @@ def test_every_method_is_causal_unless_it_declares_lookahead(method, stages, bui
         assert max(seen.values()) < 1e-5, (mode, t, {n: v for n, v in seen.items() if v >= 1e-5})
   if registry.get(method).lookahead:
     assert boundaries_moved, f'{method} declares lookahead but no boundary saw a later byte'
+
+
+@pytest.mark.parametrize(
+    'method,stages', [c for c in _CAUSAL_CASES if not registry.get(c[0]).lookahead]
+)
+def test_every_causal_method_generates_cached_as_one_forward_pass_draws(method, stages, built):
+  """Cached generation (`decoding.generate_stages`, each level's boundary method deciding as bytes
+  arrive) of every causal method at one and two stages: its bytes, every level's boundaries and its
+  logits are those of one forward pass over the final text with generation's boundary key (which the
+  uncached path runs at every step), and every level closed some chunks but not all."""
+  variables, _, model = built(method, stages, model=True)
+  params = variables['params']
+  if method == 'entropy':  # Its initial threshold is above every entropy: set one that spikes.
+    out = jit_call(model.apply, variables, _text_tokens(0), jax.random.PRNGKey(3))
+    ent = entropy.next_byte_entropy(out.stages[0].early_logits)
+    params = {**params, 'boundary': {'threshold': jnp.median(ent) / entropy.THRESHOLD_SCALE}}
+  prompt, key = _text_tokens(0)[:, :12], jax.random.PRNGKey(4)
+  gen = jax.device_get(decoding.generate_stages(model, params, prompt, key, L - 13, 'sample'))
+  full = jnp.pad(gen['tokens'], ((0, 0), (0, 1)), constant_values=PAD_ID)
+  out = jit_call(
+      decoding.with_capacity(model, L).apply,
+      {'params': params},
+      full,
+      decoding.stage_keys(key)[0],
+      mode='sample',
+  )
+  np.testing.assert_array_equal(
+      gen['actions'], np.asarray(interface.levels_on_bytes(out))[..., :-1]
+  )
+  np.testing.assert_allclose(gen['logits'].swapaxes(0, 1), out.logits[:, :-1], atol=1e-4)
+  for s in range(stages):
+    assert 0 < gen['actions'][:, s, 1:].sum() < gen['actions'][:, s, 1:].size, s
 
 
 @pytest.mark.parametrize('method', ['hnet', 'gumbel'])

@@ -43,6 +43,21 @@ def test_cached_and_uncached_generation_agree(window, mode, temperature, top_k):
   assert not np.array_equal(a['tokens'], c['tokens'])  # The key matters: agreement is not vacuous.
 
 
+def test_a_flat_checkpoint_generates_cached_as_its_forward(flat_run):
+  ckpt = checkpointing.load_checkpoint(flat_run)
+  assert ckpt.model.num_stages == 0
+  args = (ckpt.model, ckpt.params, b'import os', 40, jax.random.PRNGKey(0), 'sample', 1.0, 0)
+  cached, uncached = (sample.run_generation(*args, c) for c in (True, False))
+  assert cached['text'] == uncached['text'] and cached['text'].startswith(b'import os')
+  assert cached['marked'] == cached['text'].decode('utf-8', errors='replace')  # No chunks.
+  tokens = np.asarray(cached['out']['tokens'])
+  assert len(np.unique(tokens[:, 10:])) > 5  # Sampled bytes, not one repeated.
+  out = jax.jit(ckpt.model.apply)({'params': ckpt.params}, tokens)
+  for r in (cached, uncached):
+    logits = np.asarray(r['out']['logits']).swapaxes(0, 1)
+    np.testing.assert_allclose(logits, np.asarray(out.logits), atol=1e-4)
+
+
 def test_checkpoint_generation_and_bad_prompt(tiny_run):
   ckpt = checkpointing.load_checkpoint(tiny_run)
   runs = [

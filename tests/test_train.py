@@ -29,13 +29,8 @@ def _train_rows(workdir):
   }
 
 
-def test_loss_falls_on_a_small_real_slice(tmp_path):
-  c = tiny_config(str(tmp_path))
-  c.model.kind = 'flat'
-  c.data.batch_size, c.train.steps, c.train.log_every = 8, 40, 1
-  c.train.eval_every = c.train.checkpoint_every = 40
-  train.train(c)
-  rows = _train_rows(str(tmp_path))
+def test_loss_falls_on_a_small_real_slice(flat_run):
+  rows = _train_rows(flat_run)
   first = np.mean([rows[s]['loss'] for s in (1, 2, 3)])
   last = np.mean([rows[s]['loss'] for s in (38, 39, 40)])
   assert last < first - 1.0, (first, last)  # ln(258) = 5.55 nats at the start.

@@ -5,7 +5,8 @@ for a window w > 1, the previous w - 1 executed decisions; a_0 = 1 is forced), a
 a_t = 1, and the logits at t (which see the latest chunk complete at t, as in training) give x_{t+1}:
 a prompt byte while reading the prompt, then a sample (temperature, top-k).
 
-Two paths make the same computation:
+One stage of the learned policy generates with `generate`, in two paths that make the same
+computation:
   - uncached: every step reruns the whole model on the buffer of all N positions (O(N) per byte),
     exactly the training forward (`HierarchicalByteLM` in mode 'given' on the decisions so far);
   - cached: every step feeds one byte through the model's own stacks (`layers.Stack`, the blocks
@@ -21,21 +22,23 @@ Generation does not apply the training chunk capacity: the chunk buffer holds ev
 Lengths beyond the training seq_len are extrapolation (byte layers are local; the chunk layers see more
 chunks than in training).
 
-Models with S > 1 stages, and one-stage models of another boundary method than the learned policy
-(`generate_stages`), generate without caches: every step runs the training forward (mode 'sample' or
-'greedy', every stage's boundary method drawing its own decisions) on a fixed buffer of N + 1
+Every other model (S > 1 stages, a one-stage model of another boundary method, the flat model)
+generates with `generate_stages`, whose boundaries are those of the training forward (mode 'sample'
+or 'greedy', every stage's boundary method drawing its own decisions) on a fixed buffer of N + 1
 positions (PAD after the last byte known; the spare last one takes the convention's forced boundary),
 with one boundary key for all steps. For a method whose registry entry has lookahead=False, the model
 is causal in bytes, boundary decisions of every level included (tests/test_rivals.py checks every such
 method), and each position's random draw depends only on the key, the position and the buffer's fixed
 shape, so the decisions at positions <= t made at step t are never changed by the bytes appended
 later: the boundaries drawn while generating equal one forward pass over the final text with the same
-key (tests/test_multistage_inspection.py). A method with lookahead=True (the whole window's BPE token
-starts, 'bpe_oracle') decides a boundary from bytes generation has not made yet: `check_causal`
-refuses it. The cached path is not extended to these models: it would need a cached stack per stage
-fed one position whenever the stage below closes a chunk, and incremental forms of every boundary
-method (the rivals read tokens and neighbours in their own ways); one forward per byte costs O(N) per
-byte, acceptable at the CPU sizes the multi-stage configs have.
+key (tests/test_multistage_inspection.py, tests/test_rivals.py). Uncached, every step runs that forward
+over the buffer (O(N) per byte). Cached (`cached_stages_step`), every byte goes through each level's
+stacks with key/value caches (a level above bytes gets a new position only when the level below
+closes a chunk), and each level's boundary method runs over its buffer of encoder states so far: any
+registered method decides incrementally without a form of its own, at the cost of the method's
+module over N positions per byte (a dense layer or two; the policy at w > 1 scans them). A method
+with lookahead=True (the whole window's BPE token starts, 'bpe_oracle') decides a boundary from bytes
+generation has not made yet: `check_causal` refuses it.
 
 Shape names: B rows, N total positions (BOS + prompt + generated), S cache slots, V vocabulary.
 """
@@ -65,9 +68,9 @@ def check_causal(config) -> None:
       )
 
 
-def has_cache(model) -> bool:
-  """Whether `generate` (cached or not) runs model: one stage of the learned policy; other models
-  generate with `generate_stages`."""
+def incremental_policy(model) -> bool:
+  """Whether `generate` runs model: one stage of the learned policy, decided one position at a time
+  from its own history with a key per step; every other model generates with `generate_stages`."""
   levels = getattr(model, 'levels', ())
   return len(levels) == 1 and isinstance(levels[0].boundary, bd.BoundaryPolicy)
 
@@ -254,6 +257,130 @@ def generate(
   return {'tokens': tokens, 'actions': actions, 'logits': logits, 'policy_logits': policy_logits}
 
 
+def _slots(window: int, total: int) -> int:
+  """Cache slots of a stack attending within `window` positions (0: all of them) of `total`."""
+  return window if 0 < window < total else total
+
+
+def init_stage_caches(model, batch: int, total: int) -> dict:
+  """The empty state of `cached_stages_step` over `total` positions (N + 1: the spare included).
+
+  The flat model: {'layers': its stack's caches}. A hierarchical model: per level s, the key/value
+  caches of its encoder and decoder (byte layers keep their window of slots; a level above keeps a
+  slot per position, since its window counts bytes, not positions), the buffers its boundary method
+  reads ('x': its encoder states [B, total, D], 'tokens': the byte each position ends on, PAD
+  beyond), 'count' (its positions so far) and 'above' (the latest output handed down to it, [B, 1,
+  D]); the main network's caches and 'main_count'; stage 0's 'early_logits' [B, total, V].
+  """
+  hd, h, dt = model.d_model // model.num_heads, model.num_heads, model.dtype
+  caches = lambda layers_, slots: [_cache(batch, slots, h, hd, dt) for _ in range(layers_)]
+  if not model.num_stages:
+    st = model.stack_settings()
+    return {'layers': caches(st.num_layers, _slots(st.window, total))}
+  levels = []
+  for s, lv in enumerate(model.levels):
+    slots = _slots(lv.window, total) if s == 0 else total
+    levels.append(
+        {
+            'encoder': caches(lv.encoder_layers, slots),
+            'decoder': caches(lv.decoder_layers, slots),
+            'x': jnp.zeros((batch, total, model.d_model), dt),
+            'tokens': jnp.full((batch, total), PAD_ID, jnp.int32),
+            'count': jnp.zeros((batch,), jnp.int32),
+            'above': jnp.zeros((batch, 1, model.d_model), dt),
+        }
+    )
+  return {
+      'levels': levels,
+      'main': caches(model.main_layers, total),
+      'main_count': jnp.zeros((batch,), jnp.int32),
+      'early_logits': jnp.zeros((batch, total, model.vocab_size), jnp.float32),
+  }
+
+
+def _put(buf, i, value, live):
+  """buf: [B, T, ...] with value: [B, ...] written at position i: int32[B] where live: bool[B]."""
+  hit = (jnp.arange(buf.shape[1])[None, :] == i[:, None]) & live[:, None]
+  return jnp.where(hit.reshape(hit.shape + (1,) * (buf.ndim - 2)), value[:, None], buf)
+
+
+def cached_stages_step(model, params, state, token, t, key, mode: str):
+  """Byte t through every level's cached stacks (`init_stage_caches`; the flat model's one stack).
+
+  token: int32[B], t: scalar int32 -> (state, next-byte logits float32[B, V], the chunk ends at t
+  float32[B, byte_levels]: 1 where level s closed a chunk at t).
+
+  A new position of level s (byte t at level 0; at level s + 1 wherever level s closes a chunk at t)
+  goes through level s's encoder; level s's boundary method then decides at it by running over the
+  level's whole buffer of encoder states (the training forward's input at every position so far,
+  zeros and PAD after them), with the training forward's key and buffer shape, so for a causal method
+  it decides what `stage_boundaries` decides. Where it closes a chunk, the chunk goes to the level
+  above (the main network above the last level), whose output (H-Net's smoothing applied) is the one
+  the decoder of level s adds until the next chunk closes, as distribute-add upsampling does.
+  """
+  b = token.shape[0]
+  position = jnp.full((b, 1), t, jnp.int32)
+  ones = jnp.ones((b,), bool)
+  if not model.num_stages:
+    st = model.stack_settings()
+    slot = jnp.full((b,), t % state['layers'][0]['pos'].shape[1], jnp.int32)
+    x = layers.Embed(model.vocab_size, model.d_model, model.dtype).apply(
+        {'params': params['embed']}, token[:, None]
+    )
+    y, caches = layers.Stack(st).apply(
+        {'params': params['layers']}, x, position, None, state['layers'], slot, ones
+    )
+    logits = layers.LMHead(model.vocab_size, model.dtype).apply({'params': params['head']}, y)
+    return {'layers': caches}, logits[:, 0], jnp.zeros((b, 1), jnp.float32)
+
+  def step(m, state):
+    levels = [dict(lv) for lv in state['levels']]
+    out = {'main': state['main'], 'main_count': state['main_count']}
+    early = state['early_logits']
+    ends = []
+
+    def run(s, x_in, live):
+      nonlocal early
+      st, total = levels[s], levels[s]['x'].shape[1]
+      i = st['count']  # The new position's index at level s (t at level 0).
+      slot = i % _slots(m.levels[0].window, total) if s == 0 else i
+      x, enc = m.level_module('encoder', s)(x_in, position, None, st['encoder'], slot, live)
+      st['x'] = _put(st['x'], i, x[:, 0], live)
+      st['tokens'] = _put(st['tokens'], i, token, live)
+      if s == 0:
+        early = _put(early, i, m.early_head(x)[:, 0], live)
+      bnd = m.level_module('boundary', s)(
+          st['x'],
+          key if s == 0 else jax.random.fold_in(key, s),
+          mode=mode,
+          tokens=st['tokens'],
+          early_logits=early if s == 0 else None,
+      )
+      at = lambda v: jnp.take_along_axis(v, i[:, None], axis=1)[:, 0]
+      close = live & (at(bnd.actions) > 0.5)
+      ends.append(close)
+      if s + 1 < m.num_stages:
+        z = run(s + 1, x, close)
+      else:
+        z, out['main'] = m.main(x, position, None, out['main'], out['main_count'], close)
+        out['main_count'] = out['main_count'] + close.astype(jnp.int32)
+      if bnd.chunk_ema is not None:  # zbar_j = P_j z_j + (1 - P_j) zbar_{j-1}.
+        p = at(bnd.chunk_ema)[:, None, None].astype(z.dtype)
+        z = p * z + (1.0 - p) * st['above']
+      st['above'] = jnp.where(close[:, None, None], z, st['above'])
+      gate = 1.0 if bnd.chunk_gate is None else at(bnd.chunk_gate)[:, None, None]
+      up = x + (gate * st['above']).astype(x.dtype)
+      y, dec = m.level_module('decoder', s)(up, position, None, st['decoder'], slot, live)
+      st.update(encoder=enc, decoder=dec, count=i + live.astype(jnp.int32))
+      return y
+
+    y = run(0, m.embed(token[:, None]), ones)
+    state = {'levels': levels, 'early_logits': early, **out}
+    return state, m.head(y)[:, 0], jnp.stack(ends, axis=1).astype(jnp.float32)
+
+  return model.apply({'params': params}, state, method=step)
+
+
 def stage_keys(key):
   """(key of every stage's boundary draw over the whole buffer, key whose `_step_keys(., t)[1]` draws
   the byte after position t) of `generate_stages`."""
@@ -269,7 +396,9 @@ def stage_boundaries(model, params, tokens, key, mode: str):
   return out.logits, interface.levels_on_bytes(out)
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'num_bytes', 'mode', 'temperature', 'top_k'))
+@functools.partial(
+    jax.jit, static_argnames=('model', 'num_bytes', 'mode', 'temperature', 'top_k', 'cached')
+)
 def generate_stages(
     model,
     params,
@@ -279,12 +408,15 @@ def generate_stages(
     mode: str = 'sample',
     temperature: float = 1.0,
     top_k: int = 0,
+    cached: bool = True,
     lengths=None,
 ):
   """Continues prompt: int32[B, P] (starting with BOS) by num_bytes bytes with a model of any number
-  of stages, or the flat model, uncached (see the module docstring): step t runs `stage_boundaries` on
-  the buffer (PAD after the last byte known) and keeps its decisions at t and its logits at t.
-  lengths: optional int32[B] prompt lengths, as in `generate`.
+  of stages and any causal boundary method, or the flat model (see the module docstring).
+  cached: each byte goes through the stacks' key/value caches (`cached_stages_step`); else step t
+  runs `stage_boundaries` on the whole buffer (PAD after the last byte known) and keeps its decisions
+  and logits at t. Both decide the same boundaries. lengths: optional int32[B] prompt lengths, as in
+  `generate`.
 
   Returns {'tokens': int32[B, N] (N = P + num_bytes), 'actions': float32[B, S, N] (every stage's chunk
   ends on bytes, as decided at each step), 'logits': float32[N, B, V]}. Boundaries use the key
@@ -294,25 +426,28 @@ def generate_stages(
   b, p = prompt.shape
   n = p + num_bytes
   lengths = jnp.full((b,), p, jnp.int32) if lengths is None else lengths
-  stages = interface.byte_levels(model)
   if model.num_stages:
     model = with_capacity(model, n + 1)
   k_bnd, k_bytes = stage_keys(key)
   tokens0 = jnp.concatenate([prompt, jnp.full((b, num_bytes + 1), PAD_ID, jnp.int32)], axis=1)
 
   def step(carry, t):
-    tokens, actions = carry
-    logits, levels = stage_boundaries(model, params, tokens, k_bnd, mode)
-    logits = jnp.take(logits, t, axis=1)
+    tokens, actions, state = carry
+    if cached:
+      state, logits, ends = cached_stages_step(model, params, state, tokens[:, t], t, k_bnd, mode)
+    else:
+      logits, levels = stage_boundaries(model, params, tokens, k_bnd, mode)
+      logits, ends = jnp.take(logits, t, axis=1), levels[:, :, t]
     sampled = sample_byte(logits, _step_keys(k_bytes, t)[1], temperature, top_k)
     nxt = jnp.where(t + 1 < lengths, jnp.take(tokens, t + 1, axis=1), sampled)
     # The byte after the last step is not kept: the spare position stays PAD.
     tokens = tokens.at[:, t + 1].set(jnp.where(t + 1 < n, nxt, PAD_ID))
-    actions = actions.at[:, :, t].set(levels[:, :, t])
-    return (tokens, actions), logits
+    actions = actions.at[:, :, t].set(ends)
+    return (tokens, actions, state), logits
 
-  actions0 = jnp.zeros((b, stages, n), jnp.float32)
-  (tokens, actions), logits = jax.lax.scan(step, (tokens0, actions0), jnp.arange(n))
+  state = init_stage_caches(model, b, n + 1) if cached else None
+  actions0 = jnp.zeros((b, interface.byte_levels(model), n), jnp.float32)
+  (tokens, actions, _), logits = jax.lax.scan(step, (tokens0, actions0, state), jnp.arange(n))
   return {'tokens': tokens[:, :n], 'actions': actions, 'logits': logits}
 
 
@@ -350,8 +485,8 @@ def slide(
 
   Rows of different prompt lengths share a buffer (`generate`'s lengths); a buffer's length is
   `buffer_length` of what its rows need, so a few shapes compile. Step i draws with fold_in(key, i).
-  A one-stage model with the learned policy generates with `generate` (cached unless cached=False);
-  other boundary methods, more stages and the flat model with `generate_stages`.
+  A one-stage model with the learned policy generates with `generate`, other boundary methods, more
+  stages and the flat model with `generate_stages` (both cached unless cached=False).
 
   Yields, after every step, one (new bytes, their boundaries float32[S, n]) per prompt (empty once a
   row has all its bytes); the caller may stop early (stop strings).
@@ -361,7 +496,7 @@ def slide(
         f'a window of {window} positions leaves no room to slide (a step needs context, BOS and a '
         'new byte); generate with a model trained at data.seq_len >= 3.'
     )
-  fast = has_cache(model)
+  fast = incremental_policy(model)
   keep = window // 2
   first_keep = window - 1 - min(max_bytes, window - 1 - keep)
   texts = [bytes(p)[-window:] for p in prompts]
@@ -390,7 +525,7 @@ def slide(
       out = generate(*args, cached, lengths=lengths)
       actions = np.asarray(out['actions'])[:, None]
     else:
-      out = generate_stages(*args, lengths=lengths)
+      out = generate_stages(*args, cached, lengths=lengths)
       actions = np.asarray(out['actions'])
     tokens = np.asarray(out['tokens'])
     news = [(b'', np.zeros((actions.shape[1], 0), np.float32))] * len(texts)

@@ -1,4 +1,4 @@
-r"""Generate text from a trained hierarchical checkpoint, its chunk boundaries decided on the fly.
+r"""Generate text from a trained checkpoint, its chunk boundaries (if any) decided on the fly.
 
   python -m tokjax.sample --checkpoint DIR --prompt "def main(" [--num_bytes 200 --temperature 0.8
       --top_k 40 --seed 0 --boundaries sample|greedy --no_cache --compare]
@@ -14,12 +14,11 @@ Longer than the training seq_len (prompt + --num_bytes + 1 positions), generatio
 (`decoding.slide`: each later step reads the last seq_len // 2 + 1 bytes, with no BOS before cut
 text, as training reads a window cut from a document; memory stays bounded for any --num_bytes) and prints the text as it is made; boundaries are shown within each step.
 
-A model with several stages (config.model.stages > 1), or whose boundaries are not the learned
-policy's, draws the boundaries of every level on the fly and generates without caches (one full
-forward per byte, `decoding.generate_stages`; the README says why); a text of several stages is
-printed with '|' after a stage-0 chunk and '||' where a stage-1 chunk ends too. --compare needs a
-one-stage model of the learned policy. A boundary method that reads bytes after t (registry
-`lookahead`, e.g. 'bpe_oracle') is refused: those bytes do not exist yet.
+Every model generates: one stage of the learned policy with `decoding.generate`; several stages,
+another boundary method or the flat model with `decoding.generate_stages`, which draws every level's
+boundaries on the fly (a text of several stages is printed with '|' after a stage-0 chunk and '||'
+where a stage-1 chunk ends too). Both are cached unless --no_cache. A boundary method that reads
+bytes after t (registry `lookahead`, e.g. 'bpe_oracle') is refused: those bytes do not exist yet.
 """
 
 import time
@@ -29,8 +28,8 @@ import jax
 import numpy as np
 
 from tokjax import checkpointing, cli, decoding, tokenization
-from tokjax import stages as stages_lib
 from tokjax.errors import UserError
+from tokjax.models import interface
 
 
 def run_generation(
@@ -44,24 +43,13 @@ def run_generation(
     top_k: int,
     cached: bool,
 ) -> dict:
-  """Compiles and runs `decoding.generate` (`decoding.generate_stages` for a model without a cached
-  path: S > 1 stages or another method than the policy, `decoding.has_cache`) once; returns its outputs, the text, its boundaries 'actions' float32[S,
-  n] (every level on bytes), the chunk-marked text and the speed (bytes per second, compilation
-  excluded)."""
-  stages = model.num_stages
-  fast = decoding.has_cache(model)
-  if cached and not fast:
-    raise UserError(
-        f'this {stages}-stage model generates without caches (only one stage of the learned policy '
-        'has them); pass --no_cache.'
-    )
+  """Compiles and runs `decoding.generate` (`decoding.generate_stages` for every model but one stage
+  of the learned policy, `decoding.incremental_policy`) once; returns its outputs, the text, its
+  boundaries 'actions' float32[S, n] (every level on bytes), the chunk-marked text and the speed
+  (bytes per second, compilation excluded)."""
+  fn = decoding.generate if decoding.incremental_policy(model) else decoding.generate_stages
   tokens = decoding.encode_prompt(prompt)
-  if not fast:
-    fn, args = decoding.generate_stages, (model, params, tokens, key, num_bytes, mode)
-    args += (temperature, top_k)
-  else:
-    fn, args = decoding.generate, (model, params, tokens, key, num_bytes, mode)
-    args += (temperature, top_k, cached)
+  args = (model, params, tokens, key, num_bytes, mode, temperature, top_k, cached)
   t0 = time.perf_counter()
   compiled = fn.lower(*args).compile()
   t1 = time.perf_counter()
@@ -145,19 +133,10 @@ def main(argv):
   # Before the model is built: a refused method needs no tokenizer or weights to say so.
   decoding.check_causal(checkpointing.load_config(f.checkpoint)[0])
   ckpt = checkpointing.load_checkpoint(f.checkpoint, f.step)
-  if not ckpt.model.num_stages:
-    raise UserError(
-        f'{f.checkpoint} holds a flat model; generation with boundaries needs a '
-        'hierarchical one.'
-    )
-  stages = ckpt.model.num_stages
-  methods = ', '.join(repr(st.method) for st in stages_lib.resolve(ckpt.config))
-  fast = decoding.has_cache(ckpt.model)
-  if f.compare and not fast:
-    raise UserError(
-        '--compare needs a one-stage model of the learned policy (the only one with cached '
-        f'generation); this is a {stages}-stage model of {methods}.'
-    )
+  stages = interface.byte_levels(ckpt.model)
+  header = 'flat model (no chunks)'
+  if ckpt.model.num_stages:
+    header = f'{f.boundaries} boundaries, {tokenization.legend(stages)}'
   total = len(prompt) + 1 + f.num_bytes
   seq_len = ckpt.config.data.seq_len
   key = jax.random.PRNGKey(f.seed)
@@ -172,7 +151,7 @@ def main(argv):
         f'note: {total} positions exceed the training seq_len {seq_len}: the window slides (each '
         f'later step reads the last {seq_len // 2 + 1} bytes).'
     )
-    print(f'--- {f.boundaries} boundaries, {tokenization.legend(stages)} ---')
+    print(f'--- {header} ---')
     print(prompt.decode('utf-8', errors='replace'), end='', flush=True)
     t0, made = time.perf_counter(), 0
     for new, actions in stream_generation(*args, not f.no_cache, seq_len):
@@ -181,13 +160,12 @@ def main(argv):
     seconds = time.perf_counter() - t0
     print(f'\n---\n{made} bytes in {seconds:.1f} s (compilation included)')
     return
-  paths = [True, False] if f.compare else [not f.no_cache and fast]
+  paths = [True, False] if f.compare else [not f.no_cache]
   runs = {}
   for cached in paths:
     runs[cached] = run_generation(*args, cached)
   res = runs[paths[0]]
-  legend = tokenization.legend(stages)
-  print(f'--- {f.boundaries} boundaries, {legend}; prompt: {len(prompt)} bytes ---')
+  print(f'--- {header}; prompt: {len(prompt)} bytes ---')
   print(tokenization.render(res['text'], res['actions'], terminal=True))
   print('---')
   for cached, r in runs.items():

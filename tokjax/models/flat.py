@@ -31,14 +31,9 @@ class FlatByteLM(nn.Module):
   def init_args(self, batch_size: int, seq_len: int) -> tuple:
     return interface.init_args(self, batch_size, seq_len)
 
-  @nn.compact
-  def __call__(self, tokens, key=None, mode: str = 'sample') -> interface.ModelOutput:
-    """tokens: int32[B, L] -> ModelOutput(logits float32[B, L, V], stages=()); logits at t predict
-    tokens at t + 1. key and mode are unused (no boundaries to draw)."""
-    del key, mode
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    x = layers.Embed(self.vocab_size, self.d_model, self.dtype, name='embed')(tokens)
-    settings = layers.StackSettings(
+  def stack_settings(self) -> layers.StackSettings:
+    """Its one `layers.Stack` (named 'layers' in the parameters)."""
+    return layers.StackSettings(
         num_layers=self.num_layers,
         num_heads=self.num_heads,
         mlp_hidden=self.mlp_hidden,
@@ -48,6 +43,14 @@ class FlatByteLM(nn.Module):
         scan=self.scan_layers,
         attention=self.attention,
     )
-    x = layers.Stack(settings, name='layers')(x, positions)
+
+  @nn.compact
+  def __call__(self, tokens, key=None, mode: str = 'sample') -> interface.ModelOutput:
+    """tokens: int32[B, L] -> ModelOutput(logits float32[B, L, V], stages=()); logits at t predict
+    tokens at t + 1. key and mode are unused (no boundaries to draw)."""
+    del key, mode
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    x = layers.Embed(self.vocab_size, self.d_model, self.dtype, name='embed')(tokens)
+    x = layers.Stack(self.stack_settings(), name='layers')(x, positions)
     logits = layers.LMHead(self.vocab_size, self.dtype, name='head')(x)
     return interface.checked(tokens, interface.ModelOutput(logits), self.vocab_size)
