@@ -22,6 +22,7 @@ from tokjax import checkpointing, models
 from tokjax.errors import UserError
 from tokjax.export import exporter, mapping, spec
 from tokjax.models import registry
+from tokjax.models.rivals import entropy
 from tokjax.vocab import BOS_ID, PAD_ID
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -551,7 +552,7 @@ def _generations(model, params, model_pt, num_bytes):
   prompt = np.asarray(
       [[BOS_ID, *b'def main(x):\n  return'], [BOS_ID, *b'The cat sat on a mat.']], np.int32
   )
-  gen = decoding.generate if model.num_stages == 1 else decoding.generate_stages
+  gen = decoding.generate if decoding.incremental_policy(model) else decoding.generate_stages
   ref = gen(
       model, params, jax.numpy.asarray(prompt), jax.random.PRNGKey(0), num_bytes, 'greedy', 0.0
   )
@@ -593,7 +594,6 @@ def test_generate_cached_equals_uncached_and_tokjax(stages, tmp_path):
   params = _lively(initial)
   fields = spec.hf_config(c)
   model_pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
-  assert model_pt.supports_cache
   ref, cached, uncached, whole = _generations(model, params, model_pt, 40)
   np.testing.assert_array_equal(cached, uncached)
   np.testing.assert_array_equal(cached, ref['tokens'])
@@ -625,6 +625,58 @@ def test_generate_cached_equals_uncached_and_tokjax(stages, tmp_path):
       )
 
 
+def _spread(model, params):
+  """params whose boundary methods other than the policy close chunks at about every other position
+  with greedy boundaries (at init gumbel and entropy close none and H-Net few): H-Net's query a
+  random map, gumbel's logit centred and spread, entropy's threshold at the median entropy of a
+  text."""
+  out = dict(params)
+  rng = np.random.default_rng(0)
+  for name, v in params.items():
+    if 'q' in v:
+      out[name] = {**v, 'q': {'kernel': rng.normal(size=v['q']['kernel'].shape).astype(np.float32)}}
+    elif 'mlp_out' in v:
+      out[name] = {
+          **v,
+          'mlp_out': {'kernel': v['mlp_out']['kernel'] * 100, 'bias': 0 * v['mlp_out']['bias']},
+      }
+    elif 'threshold' in v:
+      text = np.asarray(
+          [[BOS_ID, *b'The cat sat on a mat. def main(x):\n  return x + 1']], np.int32
+      )
+      found = conftest.jit_call(model.apply, {'params': params}, text, jax.random.PRNGKey(0))
+      ent = entropy.next_byte_entropy(found.stages[0].early_logits)
+      out[name] = {'threshold': np.median(ent) / entropy.THRESHOLD_SCALE}
+  return out
+
+
+@pytest.mark.parametrize(
+    'methods', [('hnet', 'gumbel'), ('whitespace', 'hnet'), ('entropy', 'stride'), ('flat',)]
+)
+def test_every_exported_method_generates_cached_as_uncached_and_as_tokjax(methods, tmp_path):
+  """The export's cached generation from every method it exports (each at stage 0 or 1 of a
+  two-stage model) and from the flat model: the bytes of its uncached generation and of tokjax's,
+  its boundaries those of one forward over the final text and of tokjax's, at every level varied."""
+  if methods == ('flat',):
+    c = conftest.tiny_config(str(tmp_path))
+    c.model.kind, c.model.num_layers = 'flat', 2
+  else:
+    c = conftest.tiny_two_stage_config(str(tmp_path))
+    c.boundary.method, c.stages.s1.boundary.method = methods
+  model, initial = _initialised(c)
+  params = _spread(model, initial)
+  fields = spec.hf_config(c)
+  model_pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
+  ref, cached, uncached, whole = _generations(model, params, model_pt, 40)
+  np.testing.assert_array_equal(cached, uncached)
+  np.testing.assert_array_equal(cached, ref['tokens'])
+  if model.num_stages:
+    on_bytes = whole.byte_boundaries.numpy()
+    np.testing.assert_array_equal(on_bytes, ref['actions'][:, :, : cached.shape[1]])
+    for level in range(2):
+      assert 0 < on_bytes[:, level, 1:].mean() < 1, (level, on_bytes[:, level].mean())
+
+
 def test_generation_benchmark_runs(tmp_path):
   """`python -m tokjax.lab.benchmarks.generation` at a tiny size: its two-stage config builds, and
   every path it times generates."""
@@ -632,5 +684,5 @@ def test_generation_benchmark_runs(tmp_path):
 
   c = generation.two_stage(conftest.tiny_config(str(tmp_path)))
   found = generation.measure(c, num_bytes=2, batch=1, prompt_bytes=3, repeats=1)
-  assert set(found) == {'tokjax', 'pytorch', 'pytorch_uncached'}
+  assert set(found) == {'tokjax', 'tokjax_uncached', 'pytorch', 'pytorch_uncached'}
   assert all(v > 0 for v in found.values()), found

@@ -477,6 +477,21 @@ def ema_chunks(chunk_out, probs, ends):
   return torch.stack(out, dim=1)
 
 
+def _put(buf, index, value, live, fill):
+  """buf: [B, N, ...] (None: empty) with value: [B, ...] at index[b] in each live row (bool[B]),
+  grown by slots of `fill` where a row needs one more."""
+  b = value.shape[0]
+  if buf is None:
+    buf = value.new_full((b, 0, *value.shape[1:]), fill)
+  need = int(index[live].max()) + 1 if bool(live.any()) else 0
+  if need > buf.shape[1]:
+    buf = torch.cat([buf, buf.new_full((b, need - buf.shape[1], *buf.shape[2:]), fill)], 1)
+  rows = torch.nonzero(live)[:, 0]
+  buf = buf.clone()
+  buf[rows, index[rows]] = value[rows]
+  return buf
+
+
 @dataclasses.dataclass
 class TokjaxCausalLMOutput(CausalLMOutput):
   """CausalLMOutput with the boundaries of every stage.
@@ -615,9 +630,9 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
 
     generation=True reads rows as tokjax's generation does (`generate` passes it): open-ended at any
     length, greedy boundaries, and no chunk capacity (every chunk is kept). With use_cache=True (or a
-    `cache` from an earlier call) a model whose every stage has the learned policy runs the new
-    bytes one at a time through key/value caches (`TokjaxCache`, in out.cache) and returns the same
-    logits; other models ignore it.
+    `cache` from an earlier call) the model reads the new bytes through key/value caches
+    (`TokjaxCache`, in out.cache: a prompt in one pass, later bytes one at a time) and returns the
+    same logits.
     """
     del return_dict, unused
     # Before any path, cached or not: a PAD before a row's bytes would be read as text.
@@ -628,7 +643,7 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
             'tokjax models take right padding only (a PAD before a byte would be read as text): '
             'generate from rows of one length, or one row at a time (lm-eval: --batch_size 1).'
         )
-    if (use_cache or cache is not None) and self.supports_cache:
+    if use_cache or cache is not None:
       if boundaries is not None or do_sample or labels is not None:
         raise ValueError('the cached forward takes greedy boundaries only, and no labels.')
       cache = TokjaxCache(self) if cache is None else cache
@@ -730,48 +745,53 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
       out.append(marks[:, :l])
     return out
 
-  @property
-  def supports_cache(self) -> bool:
-    """Whether decoding can be cached: every stage decides with the learned policy, whose decision
-    at a position reads that position's state and the decisions before it (tokjax caches one
-    stage of it); other methods rerun the forward for each new byte."""
-    return self.num_stages > 0 and all(st['method'] == 'policy' for st in self.config.stages)
-
   def _cached(self, tokens, cache):
     """Next-byte logits float32[B, L, V] of tokens int[B, L] that follow the cache's positions: a
     prompt (an empty cache) in one pass that fills the cache, later bytes one at a time."""
-    if cache.length == 0 and tokens.shape[1] > 1:
+    b, l = tokens.shape
+    if self.config.kind == 'flat':
+      positions = cache.length + torch.arange(l, device=tokens.device).expand(b, l)
+      cache.length += l
+      return self.head(self.layers(self.embed(tokens), positions, None, cache.layers))
+    if cache.length == 0 and l > 1:
       return self._read_prompt(tokens, cache)
-    b = tokens.shape[0]
     live = torch.ones(b, dtype=torch.bool, device=tokens.device)
     logits = []
-    for i in range(tokens.shape[1]):
+    for i in range(l):
       pos = torch.full((b, 1), cache.length, dtype=torch.long, device=tokens.device)
       h = self.encoder(self.embed(tokens[:, i : i + 1]), pos, None, cache.encoder)
-      y = self._cached_stage(0, h, pos, live, cache)
+      y = self._cached_stage(0, h, pos, live, cache, tokens[:, i], self.early_head(h))
       logits.append(self.head(self.decoder(y, pos, None, cache.decoder)))
       cache.length += 1
     return torch.cat(logits, dim=1)
 
   def _read_prompt(self, tokens, cache):
     """The forward over a prompt (open-ended, no chunk capacity) that keeps what `_cached_stage`
-    reads next: every layer's keys, each stage's last decisions, position count and latest chunk
-    output."""
+    reads next: every layer's keys, each stage's last decisions (or the positions its method reads),
+    position count and latest chunk output."""
     b, l = tokens.shape
     positions = torch.arange(l, device=tokens.device).expand(b, l)
     h = self.encoder(self.embed(tokens), positions, None, cache.encoder)
-    y = self._prompt_stage(0, h, positions, torch.ones_like(positions, dtype=torch.bool), cache)
+    valid = torch.ones_like(positions, dtype=torch.bool)
+    y = self._prompt_stage(0, h, positions, valid, cache, tokens, self.early_head(h))
     cache.length = l
     return self.head(self.decoder(y, positions, None, cache.decoder))
 
-  def _prompt_stage(self, s, x, positions, valid, cache):
+  def _prompt_stage(self, s, x, positions, valid, cache, tokens, early_logits):
     """Stage s over its whole input x: [B, N, D] (valid: bool[B, N], the positions that exist,
-    first) -> what the level below reads at each position, as `_cached_stage` one at a time."""
+    first; tokens: int[B, N] the byte each ends on; early_logits: stage 0's, else None) -> what the
+    level below reads at each position, as `_cached_stage` one at a time."""
     method = self.boundary if s == 0 else self.inner_boundaries[s - 1]
     n = x.shape[1]
     # A spare slot takes the convention's forced last boundary: the last real one is decided.
-    spare = F.pad(x, (0, 0, 0, 1))
-    actions = method(spare, 'greedy', capacity=n + 1).actions[:, :n] * valid
+    bnd = method(
+        F.pad(x, (0, 0, 0, 1)),
+        'greedy',
+        tokens=F.pad(tokens, (0, 1), value=PAD_ID),
+        early_logits=None if early_logits is None else F.pad(early_logits, (0, 0, 0, 1)),
+        capacity=n + 1,
+    )
+    actions = bnd.actions[:, :n] * valid
     st = cache.stage(s, x[:, :1])
     count = valid.long().sum(-1)
     w = st['history'].shape[1]
@@ -780,33 +800,68 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
       taken = torch.gather(actions, 1, idx.clamp(min=0))
       st['history'] = torch.where(idx >= 0, taken, 0.0)
     st['seen'] = count
+    if not isinstance(method, Policy):  # Its later decisions read these positions again.
+      st.update(x=x, tokens=tokens, early_logits=early_logits)
     chunks, ends, chunk_valid = downsample(x, actions, n)
     at = ends.clamp(max=n - 1)
     chunk_pos = torch.where(chunk_valid, torch.gather(positions, 1, at), n)
+    chunk_tokens = torch.where(chunk_valid, torch.gather(tokens, 1, at), PAD_ID)
     if s + 1 < self.num_stages:
       inner = self.inner_encoders[s](chunks, chunk_pos, chunk_valid, cache.inner_encoders[s])
-      out = self._prompt_stage(s + 1, inner, chunk_pos, chunk_valid, cache)
+      out = self._prompt_stage(s + 1, inner, chunk_pos, chunk_valid, cache, chunk_tokens, None)
     else:
       out = self.main(chunks, chunk_pos, chunk_valid, cache.main)
+    if bnd.ema is not None:
+      out = ema_chunks(out, bnd.ema[:, :n], ends)
     latest = (chunk_valid.long().sum(-1) - 1).clamp(min=0)
     st['last'] = torch.gather(out, 1, latest[:, None, None].expand(-1, 1, out.shape[-1]))
-    y = upsample(x, out, actions)
+    y = upsample(x, out, actions, None if bnd.gate is None else bnd.gate[:, :n])
     if s:
       y = self.inner_decoders[s - 1](y, positions, valid, cache.inner_decoders[s - 1])
     return y
 
-  def _cached_stage(self, s, x, pos, live, cache):
+  @staticmethod
+  def _decide(method, st, x, token, early_logits, live):
+    """A method other than the policy at a stage's new position (x: [B, 1, D], token: int[B],
+    early_logits: [B, 1, V] at stage 0): it runs over the stage's positions so far and a spare one,
+    as the forward does over the whole row; its decision at the new one is the forward's, since the
+    method is causal. -> (a float32[B], gate float32[B] or None, H-Net's smoothing p or None)."""
+    seen = st['seen']
+    st['x'] = _put(st['x'], seen, x[:, 0], live, 0.0)
+    st['tokens'] = _put(st['tokens'], seen, token, live, PAD_ID)
+    if early_logits is not None:
+      st['early_logits'] = _put(st['early_logits'], seen, early_logits[:, 0], live, 0.0)
+    n = st['x'].shape[1]
+    bnd = method(
+        F.pad(st['x'], (0, 0, 0, 1)),
+        'greedy',
+        tokens=F.pad(st['tokens'], (0, 1), value=PAD_ID),
+        early_logits=None if early_logits is None else F.pad(st['early_logits'], (0, 0, 0, 1)),
+        capacity=n + 1,
+    )
+    at = seen.clamp(max=n - 1)[:, None]
+    take = lambda v: None if v is None else torch.gather(v, 1, at)[:, 0]
+    return take(bnd.actions) * live, take(bnd.gate), take(bnd.ema)
+
+  def _cached_stage(self, s, x, pos, live, cache, token, early_logits):
     """Stage s at one position whose input x: [B, 1, D] exists in rows `live` (bool[B]: stage s - 1
-    closed a chunk there) -> the state the level below reads there: x plus the output of the latest
-    chunk complete at it, through stage s's chunk decoder for s >= 1.
+    closed a chunk there; token: int[B], the byte it ends on; early_logits: stage 0's at it) -> the
+    state the level below reads there: x plus the output of the latest chunk complete at it (H-Net's
+    smoothing and gate applied), through stage s's chunk decoder for s >= 1.
 
     The decision is the forward's: forced at a stage's first position, greedy after it, no chunk
-    capacity; the forward's forced last boundary falls on its spare position, never here.
+    capacity; the forward's forced last boundary falls on its spare position, never here. The
+    policy decides from this position's state and its last decisions (`Policy.step_logit`); other
+    methods rerun over the stage's positions so far (`_decide`).
     """
     method = self.boundary if s == 0 else self.inner_boundaries[s - 1]
     st = cache.stage(s, x)
-    logit = method.step_logit(x[:, 0], st['history'])
-    a = torch.where(st['seen'] == 0, 1.0, (logit > 0).float()) * live
+    gate = p = None
+    if isinstance(method, Policy):
+      logit = method.step_logit(x[:, 0], st['history'])
+      a = torch.where(st['seen'] == 0, 1.0, (logit > 0).float()) * live
+    else:
+      a, gate, p = self._decide(method, st, x, token, early_logits, live)
     if st['history'].shape[1]:
       shifted = torch.cat([st['history'][:, 1:], a[:, None]], dim=1)
       st['history'] = torch.where(live[:, None], shifted, st['history'])
@@ -814,11 +869,13 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     close = a > 0.5
     if s + 1 < self.num_stages:
       inner = self.inner_encoders[s](x, pos, close[:, None], cache.inner_encoders[s])
-      out = self._cached_stage(s + 1, inner, pos, close, cache)
+      out = self._cached_stage(s + 1, inner, pos, close, cache, token, None)
     else:
       out = self.main(x, pos, close[:, None], cache.main)
+    if p is not None:  # zbar_j = P_j z_j + (1 - P_j) zbar_{j-1}.
+      out = p[:, None, None] * out + (1.0 - p[:, None, None]) * st['last']
     st['last'] = torch.where(close[:, None, None], out, st['last'])
-    y = x + st['last']
+    y = x + (st['last'] if gate is None else gate[:, None, None] * st['last'])
     if s:
       y = self.inner_decoders[s - 1](y, pos, live[:, None], cache.inner_decoders[s - 1])
     return y
@@ -831,7 +888,7 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
       self, input_ids, next_sequence_length=None, cache=None, attention_mask=None, **kwargs
   ):
     """The whole row for the uncached forward; the new bytes only once there is a cache."""
-    use_cache = bool(kwargs.get('use_cache', True)) and self.supports_cache
+    use_cache = bool(kwargs.get('use_cache', True))
     if cache is not None:
       input_ids = input_ids[:, cache.length :]
     return {
@@ -846,19 +903,24 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
 class TokjaxCache:
   """What the cached forward keeps of the positions it has read (`TokjaxForCausalLM._cached`): the
   keys and values of every attention layer (byte layers their last byte_window positions, chunk
-  layers every chunk), and for each stage its last w - 1 decisions, how many positions it has read
-  and the output of its latest complete chunk."""
+  layers every chunk), and for each stage its last w - 1 decisions (the policy) or the positions its
+  method reads (any other method: their states, bytes and stage 0's early logits), how many
+  positions it has read and the output of its latest complete chunk. The flat model: its layers'."""
 
   def __init__(self, model):
     c = model.config
     layers = lambda stack, window=0: [LayerCache(window) for _ in stack.blocks]
     self.length = 0
+    if c.kind == 'flat':
+      self.layers = layers(model.layers, c.byte_window)
+      return
     self.encoder = layers(model.encoder, c.byte_window)
     self.decoder = layers(model.decoder, c.byte_window)
     self.main = layers(model.main)
     self.inner_encoders = [layers(stack) for stack in model.inner_encoders]
     self.inner_decoders = [layers(stack) for stack in model.inner_decoders]
-    self.windows = [model.boundary.window] + [m.window for m in model.inner_boundaries]
+    methods = [model.boundary, *model.inner_boundaries]
+    self.windows = [getattr(m, 'window', 1) for m in methods]  # The policy's; 1: no history.
     self.stages = [None] * len(self.windows)
 
   def stage(self, s: int, x) -> dict:
@@ -869,6 +931,10 @@ class TokjaxCache:
           'history': torch.zeros(b, self.windows[s] - 1, device=x.device),
           'seen': torch.zeros(b, dtype=torch.long, device=x.device),
           'last': torch.zeros_like(x),
+          # Another method than the policy: its input, tokens and early logits so far.
+          'x': None,
+          'tokens': None,
+          'early_logits': None,
       }
     return self.stages[s]
 
