@@ -3,6 +3,7 @@ transformers in a process without JAX, logits equal to tokjax's, the parity gate
 method, two stages and the flat model, and one-line refusals that write nothing."""
 
 import functools
+import inspect
 import json
 import os
 import re
@@ -402,10 +403,47 @@ def _gate(config, params=None, model=None):
   return exporter.gate(model, params, model_pt, int(config.data.seq_len))
 
 
+# A value other than the default for every setting each exported method declares (the policy's
+# window aside: the sequential policy's own test below), so that a setting the port reads wrongly, or
+# not at all, moves the gate. The policy: the scaled form at w = 1.
+NON_DEFAULT = {
+    'policy': dict(form='scaled', scale=0.125),
+    'hnet': dict(ratio_weight=0.1),
+    'gumbel': dict(temperature=0.5, prior_weight=0.5),
+}
+
+
+def test_the_exported_methods_are_the_registrys_and_the_ports():
+  """One list of exported methods: the registry's methods are each exported or refused with a
+  reason, the port implements exactly the exported ones, and each one's constructor takes exactly
+  the settings config.json gives it (a new setting on the JAX side fails here, naming it)."""
+  from tokjax.export import modeling_tokjax  # pylint: disable=g-import-not-at-top
+
+  assert set(spec.EXPORTABLE) == set(modeling_tokjax.BOUNDARY_METHODS)
+  assert set(spec.EXPORTABLE).isdisjoint(spec.REFUSED)
+  assert set(spec.EXPORTABLE) | set(spec.REFUSED) == set(registry.methods())
+  for method in spec.EXPORTABLE:
+    declared = set(registry.get(method).defaults) - {'window'}
+    assert set(NON_DEFAULT.get(method, {})) == declared, method
+    c = conftest.tiny_config('')
+    c.boundary.method = method
+    entry = spec.stage_settings(c, 0)
+    cls = modeling_tokjax.BOUNDARY_METHODS[method]
+    takes = set(inspect.signature(cls.__init__).parameters) - {'self', 'd'}
+    assert set(entry) - {'method'} == takes, method
+    assert isinstance(modeling_tokjax.build_boundary(entry, 32), cls)
+  with pytest.raises(ValueError, match=r"settings \['shiny'\], which this modeling_tokjax.py"):
+    modeling_tokjax.build_boundary({**entry, 'shiny': 1}, 32)
+
+
 @pytest.mark.parametrize('method', sorted(registry.methods()))
 def test_gate_for_every_boundary_method(method, tmp_path):
+  """Every exported method at a target rate and settings other than the defaults; the others
+  refused in one line."""
   c = conftest.tiny_config(str(tmp_path))
-  c.boundary.method = method
+  c.boundary.method, c.boundary.target_rate = method, 0.3
+  if method in NON_DEFAULT:
+    c.boundary[method].update(NON_DEFAULT[method])
   if method not in spec.EXPORTABLE:
     with pytest.raises(UserError, match=f"config.boundary.method='{method}' cannot be exported"):
       spec.check_exportable(c)
@@ -415,9 +453,11 @@ def test_gate_for_every_boundary_method(method, tmp_path):
   assert found['given'] <= exporter.TOLERANCE and found['greedy_mismatch'] == 0
 
 
-def test_gate_for_the_sequential_policy(tmp_path):
+@pytest.mark.parametrize('form', ['auto', 'plain'])
+def test_gate_for_the_sequential_policy(form, tmp_path):
+  """The paper's sequential policy (auto: scaled at w > 1) and the plain form at w > 1."""
   c = conftest.tiny_config(str(tmp_path))
-  c.boundary.policy.window = 4
+  c.boundary.policy.window, c.boundary.policy.form = 4, form
   found = _gate(c)
   assert found['given'] <= exporter.TOLERANCE and found['greedy_mismatch'] == 0
 

@@ -64,8 +64,8 @@ def main(argv):
   found = exporter.export(f.checkpoint, f.out, f.step)
   print(
       f'parity: largest |logit difference| {found["given"]:.2e} with given boundaries, '
-      f'{found["greedy"]:.2e} with greedy ones (tolerance {exporter.TOLERANCE:g}); greedy '
-      'boundaries agree'
+      f'{found["greedy"]:.2e} with greedy ones, boundary probabilities within '
+      f'{found["boundary_probs"]:.2e} (tolerance {exporter.TOLERANCE:g}); greedy boundaries agree'
   )
   print(f'wrote {f.out}')
 

@@ -92,8 +92,10 @@ def parity(model, params, model_pt, tokens: np.ndarray) -> dict:
   in float32.
 
   Returns {'given': the largest |logit difference| with the same boundaries at every stage (those
-  tokjax samples with PRNGKey(0)), 'greedy': the same with greedy boundaries,
-  'greedy_mismatch': positions where a stage's greedy boundaries differ}. A flat model has one pass.
+  tokjax samples with PRNGKey(0)), 'boundary_probs': the largest difference of sigmoid(boundary
+  logit) at a valid position of any stage there (each method's own reading of its settings),
+  'greedy': the logits' with greedy boundaries, 'greedy_mismatch': positions where a stage's greedy
+  boundaries differ}. A flat model has one pass.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -108,7 +110,9 @@ def parity(model, params, model_pt, tokens: np.ndarray) -> dict:
       return model.apply({'params': params}, tokens).logits, ()
     mode = 'given' if actions is not None else 'greedy'
     out = model.apply({'params': params}, tokens, key, mode=mode, actions=actions)
-    return out.logits, tuple(s.boundaries.actions for s in out.stages)
+    # Each stage's boundary probabilities where its positions exist (not an inner stage's padding).
+    probs = tuple((jax.nn.sigmoid(s.boundaries.logits), s.valid) for s in out.stages)
+    return out.logits, tuple(s.boundaries.actions for s in out.stages), probs
 
   @jax.jit
   def sampled(params, tokens):
@@ -118,21 +122,26 @@ def parity(model, params, model_pt, tokens: np.ndarray) -> dict:
   def pt(**kw):
     with torch.no_grad():
       out = model_pt(input_ids=torch.from_numpy(np.asarray(tokens, np.int64)), **kw)
-    return out.logits.numpy(), tuple(b.numpy() for b in (out.boundaries or ()))
+    probs = tuple(torch.sigmoid(x).numpy() for x in (out.boundary_logits or ()))
+    return out.logits.numpy(), tuple(b.numpy() for b in (out.boundaries or ())), probs
 
   tokens = jnp.asarray(tokens)
   if not model.num_stages:
-    ref, _ = run(params, tokens, None)
+    ref = run(params, tokens, None)[0]
     diff = float(np.max(np.abs(np.asarray(ref) - pt()[0])))
-    return {'given': diff, 'greedy': diff, 'greedy_mismatch': 0}
+    return {'given': diff, 'boundary_probs': 0.0, 'greedy': diff, 'greedy_mismatch': 0}
   given = sampled(params, tokens)
-  ref, _ = run(params, tokens, given)
-  got, _ = pt(boundaries=tuple(torch.from_numpy(np.array(a)) for a in given))
-  ref_g, acts_g = run(params, tokens, None)
-  got_g, pt_acts = pt()
+  ref, _, probs = run(params, tokens, given)
+  got, _, got_probs = pt(boundaries=tuple(torch.from_numpy(np.array(a)) for a in given))
+  ref_g, acts_g, _ = run(params, tokens, None)
+  got_g, pt_acts, _ = pt()
   mismatch = sum(int(np.sum(np.asarray(a) != b)) for a, b in zip(acts_g, pt_acts))
   return {
       'given': float(np.max(np.abs(np.asarray(ref) - got))),
+      'boundary_probs': max(
+          float(np.max(np.abs(np.asarray(p) - q) * np.asarray(valid)))
+          for (p, valid), q in zip(probs, got_probs)
+      ),
       'greedy': float(np.max(np.abs(np.asarray(ref_g) - got_g))),
       'greedy_mismatch': mismatch,
   }
@@ -141,10 +150,11 @@ def parity(model, params, model_pt, tokens: np.ndarray) -> dict:
 def gate(model, params, model_pt, seq_len: int) -> dict:
   """`parity` on `probe` bytes, or UserError with the largest difference."""
   found = parity(model, params, model_pt, probe(seq_len))
-  if found['given'] > TOLERANCE or found['greedy_mismatch']:
+  if found['given'] > TOLERANCE or found['boundary_probs'] > TOLERANCE or found['greedy_mismatch']:
     raise UserError(
         f"parity check failed: the PyTorch logits differ from tokjax's by up to "
-        f'{found["given"]:.3g} with given boundaries (tolerance {TOLERANCE:g}) and '
+        f'{found["given"]:.3g} with given boundaries (tolerance {TOLERANCE:g}), the boundary '
+        f'probabilities by up to {found["boundary_probs"]:.3g}, and '
         f'{found["greedy_mismatch"]} greedy boundaries differ; nothing was written (a bug of the '
         'exporter: please report it).'
     )

@@ -25,6 +25,7 @@ H heads, K head width, V vocabulary.
 """
 
 import dataclasses
+import inspect
 import math
 from typing import Optional
 
@@ -246,9 +247,16 @@ class Policy(nn.Module):
   """The learned boundary policy (tokjax 'policy'): independent (window 1) or sequential."""
 
   def __init__(
-      self, d: int, capacity: int, window: int = 1, scale: float = 1 / 16, form='auto', **unused
+      self,
+      d: int,
+      capacity: int,
+      target_rate: float = 0.2,
+      window: int = 1,
+      scale: float = 1 / 16,
+      form: str = 'auto',
   ):
     super().__init__()
+    del target_rate  # Training's: the bias it set is a weight here.
     self.capacity, self.window, self.scale = capacity, window, scale
     # 'plain': logit = x + bias; 'scaled': 6 tanh((s x + bias) / 6); 'auto': scaled for w > 1.
     self.scaled = window > 1 if form == 'auto' else form == 'scaled'
@@ -319,8 +327,9 @@ class Policy(nn.Module):
 class HNetRouter(nn.Module):
   """H-Net dynamic chunking (tokjax 'hnet'): p_t = (1 - cos(W_q h_t, W_k h_{t-1})) / 2."""
 
-  def __init__(self, d: int, capacity: int, **unused):
+  def __init__(self, d: int, capacity: int, target_rate: float = 0.2, ratio_weight: float = 0.03):
     super().__init__()
+    del target_rate, ratio_weight  # Training's ratio loss.
     self.capacity = capacity
     self.q = nn.Linear(d, d, bias=False)
     self.k = nn.Linear(d, d, bias=False)
@@ -343,8 +352,16 @@ class HNetRouter(nn.Module):
 class GumbelPooling(nn.Module):
   """Dynamic token pooling (tokjax 'gumbel'): a Gumbel-sigmoid over an MLP's logit."""
 
-  def __init__(self, d: int, capacity: int, temperature: float = 1.0, **unused):
+  def __init__(
+      self,
+      d: int,
+      capacity: int,
+      target_rate: float = 0.2,
+      temperature: float = 1.0,
+      prior_weight: float = 1.0,
+  ):
     super().__init__()
+    del target_rate, prior_weight  # Training's binomial prior (its bias init is a weight here).
     self.capacity, self.temperature = capacity, temperature
     self.mlp_in = nn.Linear(d, d)
     self.mlp_out = nn.Linear(d, 1)
@@ -369,8 +386,9 @@ class EntropySpikes(nn.Module):
 
   THRESHOLD_SCALE = 30.0
 
-  def __init__(self, d: int, capacity: int, **unused):
+  def __init__(self, d: int, capacity: int, target_rate: float = 0.2):
     super().__init__()
+    del d, target_rate  # Training's controller of the threshold, a weight here.
     self.capacity = capacity
     self.threshold = nn.Parameter(torch.zeros(()))
 
@@ -393,8 +411,9 @@ def _spacelike(t):
 class Whitespace(nn.Module):
   """SpaceByte's rule (tokjax 'whitespace'): a chunk ends at the first spacelike byte of a run."""
 
-  def __init__(self, d: int, capacity: int, **unused):
+  def __init__(self, d: int, capacity: int):
     super().__init__()
+    del d
     self.capacity = capacity
 
   def forward(
@@ -410,8 +429,9 @@ class Whitespace(nn.Module):
 class Stride(nn.Module):
   """A chunk every round(1 / target_rate) positions (tokjax 'stride')."""
 
-  def __init__(self, d: int, capacity: int, target_rate: float = 0.2, **unused):
+  def __init__(self, d: int, capacity: int, target_rate: float = 0.2):
     super().__init__()
+    del d
     self.capacity, self.every = capacity, max(1, round(1.0 / target_rate))
 
   def forward(
@@ -434,8 +454,20 @@ BOUNDARY_METHODS = {
 
 
 def build_boundary(stage: dict, d: int) -> nn.Module:
+  """The boundary method of a config.json stage entry: its method and every setting of it, each one
+  a parameter of the method's constructor here (a setting this file does not know is an error, not
+  silently dropped)."""
+  method = BOUNDARY_METHODS[stage['method']]
   settings = {k: v for k, v in stage.items() if k != 'method'}
-  return BOUNDARY_METHODS[stage['method']](d, **settings)
+  known = set(inspect.signature(method.__init__).parameters) - {'self', 'd'}
+  unknown = sorted(set(settings) - known)
+  if unknown:
+    raise ValueError(
+        f"config.json gives the {stage['method']!r} boundary method the settings {unknown}, which "
+        f'this modeling_tokjax.py ({method.__name__}) does not take: export the run again with '
+        'the tokjax that trained it.'
+    )
+  return method(d, **settings)
 
 
 # ----------------------------------------------------------------------------- chunks and stages
@@ -497,6 +529,7 @@ class TokjaxCausalLMOutput(CausalLMOutput):
   """CausalLMOutput with the boundaries of every stage.
 
   boundaries: one float32[B, N_s] per stage, stage 0's over bytes (what `boundaries=` takes back).
+  boundary_logits: one float32[B, N_s] per stage, its method's logits (zeros for a fixed rule).
   byte_boundaries: float32[B, S, L], every stage's chunk ends marked on bytes.
   early_logits: float32[B, L, V], stage 0's early-exit logits.
   values: float32[B, L], the critic's predicted returns (a model with a value head).
@@ -504,6 +537,7 @@ class TokjaxCausalLMOutput(CausalLMOutput):
   """
 
   boundaries: Optional[tuple] = None
+  boundary_logits: Optional[tuple] = None
   byte_boundaries: Optional[torch.Tensor] = None
   early_logits: Optional[torch.Tensor] = None
   values: Optional[torch.Tensor] = None
@@ -727,6 +761,7 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     return TokjaxCausalLMOutput(
         logits=logits,
         boundaries=tuple(lv['boundaries'].actions for lv in levels),
+        boundary_logits=tuple(lv['boundaries'].logits for lv in levels),
         byte_boundaries=torch.stack(self._on_bytes(levels, l), dim=1),
         early_logits=early_logits,
         values=self.critic(h) if self.config.value_head else None,
