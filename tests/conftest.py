@@ -119,6 +119,21 @@ def tiny_run(tmp_path_factory):
   return _shared_run(tmp_path_factory, 'tiny_run', lambda d: train.train(tiny_run_config(d)))
 
 
+@pytest.fixture
+def toy_method():
+  """tests/toy_boundary.py's 'punctuation' registered for one test only, so that configs built by
+  other tests in this process (the session's tiny run among them) do not carry its section."""
+  import importlib  # pylint: disable=g-import-not-at-top
+
+  from tokjax.models import registry  # pylint: disable=g-import-not-at-top
+
+  # Imported here, not at the top: test_rivals.py parametrizes over the registry at collection time.
+  sys.modules.pop('toy_boundary', None)
+  importlib.import_module('toy_boundary')  # Importing the file registers its method.
+  yield 'punctuation'
+  registry.unregister('punctuation')
+
+
 def flat_run_config(workdir: str):
   """`tiny_config` with the flat model, 40 steps of batch 8 logged at every step: what `flat_run`
   trains."""

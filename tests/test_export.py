@@ -436,6 +436,51 @@ def test_the_exported_methods_are_the_registrys_and_the_ports():
     modeling_tokjax.build_boundary({**entry, 'shiny': 1}, 32)
 
 
+class _TorchPunctuation(torch.nn.Module):
+  """The port of tests/toy_boundary.py's 'punctuation', as docs/extending.md ("Exporting a boundary
+  method") describes: the call signature of modeling_tokjax's methods, the JAX module's settings."""
+
+  def __init__(self, d: int, capacity: int, ends: str = '.,;\n'):
+    super().__init__()
+    del d
+    self.capacity, self.ends = capacity, torch.tensor(list(ends.encode()))
+
+  def forward(
+      self, h, mode, actions=None, tokens=None, early_logits=None, generator=None, capacity=None
+  ):
+    from tokjax.export import modeling_tokjax as m  # pylint: disable=g-import-not-at-top
+
+    rule = torch.isin(tokens, self.ends).float()
+    executed = m.enforce_convention(actions if mode == 'given' else rule, capacity or self.capacity)
+    return m.Boundaries(executed, torch.zeros_like(executed))
+
+
+def test_a_new_method_exports_once_the_port_has_it(toy_method, tmp_path, monkeypatch):
+  """docs/extending.md's recipe on the README's toy method: refused in one line until the port has
+  it; with its module in modeling_tokjax.BOUNDARY_METHODS and its name in spec.EXPORTABLE, the gate
+  passes, its setting reaches the port, and it generates cached as tokjax does."""
+  from tokjax.export import modeling_tokjax  # pylint: disable=g-import-not-at-top
+
+  c = conftest.tiny_config(str(tmp_path))
+  c.boundary.method = toy_method
+  c.boundary.punctuation.bytes = ' e'  # Not the default: the port must read it.
+  with pytest.raises(UserError, match="'punctuation' cannot be exported"):
+    spec.check_exportable(c)
+  monkeypatch.setitem(modeling_tokjax.BOUNDARY_METHODS, toy_method, _TorchPunctuation)
+  monkeypatch.setattr(spec, 'EXPORTABLE', (*spec.EXPORTABLE, toy_method))
+  spec.check_exportable(c)
+  model, params = _initialised(c)
+  found = _gate(c, params, model)
+  assert found['given'] <= exporter.TOLERANCE and found['greedy_mismatch'] == 0
+  fields = spec.hf_config(c)
+  assert fields['stages'][0]['ends'] == ' e'
+  model_pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
+  ref, cached, uncached, whole = _generations(model, params, model_pt, 20)
+  np.testing.assert_array_equal(cached, uncached)
+  np.testing.assert_array_equal(cached, ref['tokens'])
+  assert 0 < whole.byte_boundaries.numpy()[:, 0, 1:].mean() < 1
+
+
 @pytest.mark.parametrize('method', sorted(registry.methods()))
 def test_gate_for_every_boundary_method(method, tmp_path):
   """Every exported method at a target rate and settings other than the defaults; the others

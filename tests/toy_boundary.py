@@ -16,12 +16,12 @@ from tokjax.models.rivals import common
 class Punctuation(nn.Module):
   """tokens int32[B, L] -> `Boundaries`: a chunk ends at each byte in `ends`."""
 
-  ends: bytes = b'.,;\n'
+  ends: str = '.,;\n'  # A str, as an exported config.json can carry it.
   capacity: int = 64
 
   def __call__(self, h, key, mode='sample', actions=None, tokens=None, early_logits=None, **unused):
     del h, key, early_logits, unused
-    rule = jnp.isin(tokens, jnp.array(list(self.ends))).astype(jnp.float32)
+    rule = jnp.isin(tokens, jnp.array(list(self.ends.encode()))).astype(jnp.float32)
     return common.finish(actions if mode == 'given' else rule, self.capacity)
 
 
@@ -33,9 +33,7 @@ def _validate(stage):
 registry.register(
     registry.BoundaryMethod(
         name='punctuation',
-        build=lambda stage, config: Punctuation(
-            ends=stage.settings.bytes.encode(), capacity=stage.capacity
-        ),
+        build=lambda stage, config: Punctuation(ends=stage.settings.bytes, capacity=stage.capacity),
         defaults=dict(bytes='.,;\n'),  # config.boundary.punctuation.bytes
         description='a chunk ends at each punctuation byte (a toy)',
         validate=_validate,

@@ -1,11 +1,9 @@
 """The comparison command end to end on a tiny budget: one table row per method, sane numbers, and the
 flat model's depth matched to the hierarchical parameter count."""
 
-import importlib
 import json
 import math
 import os
-import sys
 
 import ml_collections
 import pytest
@@ -16,17 +14,6 @@ from tokjax.config import validation as config_validation
 from tokjax.errors import UserError
 from tokjax.lab import common, compare
 from tokjax.models import registry
-
-
-@pytest.fixture
-def toy_method():
-  """tests/toy_boundary.py's 'punctuation' registered for one test only, so that configs built by
-  other tests in this process (the session's tiny run among them) do not carry its section."""
-  # Imported here, not at the top: test_rivals.py parametrizes over the registry at collection time.
-  sys.modules.pop('toy_boundary', None)
-  importlib.import_module('toy_boundary')  # Importing the file registers its method.
-  yield 'punctuation'
-  registry.unregister('punctuation')
 
 
 def test_ratio_and_se_matches_the_pooled_ratio():
