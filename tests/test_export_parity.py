@@ -82,3 +82,29 @@ def test_each_component_of_the_port_matches_tokjax(window, tmp_path):
   drifted = {name: d for name, d in diffs.items() if d > exporter.TOLERANCE}
   assert not drifted, f'components of the port that drifted from tokjax: {drifted}'
   assert len(diffs) == 11
+
+
+def test_a_changed_block_exports_once_both_sides_change(tmp_path, monkeypatch):
+  """docs/extending.md, "Changing the main network", on a toy change of the block: the MLP's GeLU
+  made a ReLU. Made in tokjax only, the component parity names every stack built of that block and
+  nothing else; made in the port too (modeling_tokjax's `gelu`), every component and the gate agree.
+  """
+  import flax.linen as flax_nn  # pylint: disable=g-import-not-at-top
+
+  from tokjax.export import modeling_tokjax  # pylint: disable=g-import-not-at-top
+
+  c = conftest.tiny_config(str(tmp_path))
+  monkeypatch.setattr(flax_nn, 'gelu', jax.nn.relu)  # The block's MLP (tokjax/models/layers.py).
+  drifted = {n for n, d in _components(c).items() if d > exporter.TOLERANCE}
+  assert drifted == {'encoder (byte layers)', 'main network', 'decoder (byte layers)'}, drifted
+  monkeypatch.setattr(modeling_tokjax, 'gelu', torch.nn.functional.relu)
+  diffs = _components(c)
+  assert max(diffs.values()) <= exporter.TOLERANCE, diffs
+  model = models.build_model(c)
+  params = conftest.jit_call(
+      lambda k, *a: nn.unbox(model.init(k, *a)), jax.random.PRNGKey(3), *model.init_args(2, 64)
+  )['params']
+  fields = spec.hf_config(c)
+  pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
+  found = exporter.gate(model, params, pt, int(c.data.seq_len))
+  assert found['given'] <= exporter.TOLERANCE
