@@ -740,17 +740,24 @@ def _spread(model, params):
 )
 def test_every_exported_method_generates_cached_as_uncached_and_as_tokjax(methods, tmp_path):
   """The export's cached generation from every method it exports (each at stage 0 or 1 of a
-  two-stage model) and from the flat model: the bytes of its uncached generation and of tokjax's,
-  its boundaries those of one forward over the final text and of tokjax's, at every level varied."""
+  two-stage model, stage 1's settings its own) and from the flat model: the bytes of its uncached
+  generation and of tokjax's, its boundaries those of one forward over the final text and of
+  tokjax's, at every level varied; and the gate passes with the per-stage settings."""
   if methods == ('flat',):
     c = conftest.tiny_config(str(tmp_path))
     c.model.kind, c.model.num_layers = 'flat', 2
   else:
     c = conftest.tiny_two_stage_config(str(tmp_path))
     c.boundary.method, c.stages.s1.boundary.method = methods
+    if methods[1] in NON_DEFAULT:
+      c.stages.s1.boundary[methods[1]].update(NON_DEFAULT[methods[1]])
   model, initial = _initialised(c)
   params = _spread(model, initial)
   fields = spec.hf_config(c)
+  if methods[-1] in NON_DEFAULT:  # Stage 1's own settings reach the port.
+    assert {**fields['stages'][1], **NON_DEFAULT[methods[1]]} == fields['stages'][1]
+  found = _gate(c, params, model)
+  assert found['given'] <= exporter.TOLERANCE and found['boundary_probs'] <= exporter.TOLERANCE
   model_pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
   ref, cached, uncached, whole = _generations(model, params, model_pt, 40)
   np.testing.assert_array_equal(cached, uncached)
