@@ -519,7 +519,7 @@ def load_config(checkpoint_dir: str):
 class Checkpoint:
   """A restored run: its saved config, a Trainer rebuilt from it, the params and the step."""
 
-  config: object
+  config: ml_collections.ConfigDict
   trainer: trainer_lib.Trainer
   params: dict
   step: int

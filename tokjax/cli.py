@@ -103,8 +103,8 @@ def _parse(argv):
   try:
     args = flags.FLAGS(argv)
     for name in ('config',):  # Config files load lazily: load now, so a bad path is reported here.
-      if name in flags.FLAGS and flags.FLAGS[name].value is not None:
-        _ = flags.FLAGS[name].value.keys()
+      if name in flags.FLAGS and (config := flags.FLAGS[name].value) is not None:
+        _ = config.keys()
     bad = _non_finite_flag()
     if bad:
       fail(bad)

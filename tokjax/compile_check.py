@@ -26,6 +26,7 @@ import os
 import re
 import sys
 import time
+from typing import cast
 
 from absl import flags
 from ml_collections import config_flags
@@ -119,7 +120,9 @@ def topology_devices(name: str):
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
 
   try:
-    devices = topologies.get_topology_desc(platform='tpu', topology_name=name).devices
+    topology = topologies.get_topology_desc(platform='tpu', topology_name=name)
+    # jax annotates these with an alias of Device made by assignment, which mypy cannot resolve.
+    devices = cast(list[jax.Device], topology.devices)
   except Exception as e:  # pylint: disable=broad-except
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise UserError(
@@ -451,8 +454,8 @@ def main(argv):
     print(f'largest per-device batch that fits (powers of two): {best}', flush=True)
   if _OUT.value:
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    with open(_OUT.value, 'w') as f:
-      json.dump(report, f, indent=1)
+    with open(_OUT.value, 'w') as out:
+      json.dump(report, out, indent=1)
     print(f'wrote {_OUT.value}')
   if _REQUIRE_FIT.value and not report['fits']:
     raise UserError(

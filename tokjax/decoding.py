@@ -44,6 +44,7 @@ Shape names: B rows, N total positions (BOS + prompt + generated), S cache slots
 """
 
 import functools
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -71,7 +72,7 @@ def check_causal(config) -> None:
 def incremental_policy(model) -> bool:
   """Whether `generate` runs model: one stage of the learned policy, decided one position at a time
   from its own history with a key per step; every other model generates with `generate_stages`."""
-  levels = getattr(model, 'levels', ())
+  levels: tuple[Any, ...] = getattr(model, 'levels', ())
   return len(levels) == 1 and isinstance(levels[0].boundary, bd.BoundaryPolicy)
 
 
@@ -166,7 +167,9 @@ def cached_step(model, params, caches, token, t, key, mode: str):
   last = jnp.where(close[:, None, None], chunk_out, caches['last_chunk'])
   dec_slot = position % caches['decoder'][0]['pos'].shape[1] if bytes_.decoder_layers else position
   y, dec = stack('decoder', hid + last, dec_slot, ones)
-  logits = layers.LMHead(model.vocab_size, model.dtype).apply({'params': params['head']}, y)[:, 0]
+  # flax types apply's result as (output, variables) too, which it is only with `mutable`.
+  head = layers.LMHead(model.vocab_size, model.dtype)
+  logits = cast(jax.Array, head.apply({'params': params['head']}, y))[:, 0]
   caches = {
       'encoder': enc,
       'main': main,
@@ -330,7 +333,8 @@ def cached_stages_step(model, params, state, token, t, key, mode: str):
     y, caches = layers.Stack(st).apply(
         {'params': params['layers']}, x, position, None, state['layers'], slot, ones
     )
-    logits = layers.LMHead(model.vocab_size, model.dtype).apply({'params': params['head']}, y)
+    head = layers.LMHead(model.vocab_size, model.dtype)
+    logits = cast(jax.Array, head.apply({'params': params['head']}, y))
     return {'layers': caches}, logits[:, 0], jnp.zeros((b, 1), jnp.float32)
 
   def step(m, state):

@@ -229,7 +229,7 @@ class Evaluator:
       if len(ends) > 1:
         free_ends = _add_free_ends(free_ends, ends, mask, marks, tdoc, num_docs)
     bpb, se = significance.ratio_and_se(ce_doc, bytes_doc)
-    m = {
+    m: dict[str, Any] = {
         'bpb': bpb,
         'bpb_se': se,
         'documents': int(np.sum(bytes_doc > 0)),
@@ -242,12 +242,16 @@ class Evaluator:
       m[f'{name}_bytes'] = int(bytes_s.sum())
     if levels is None:
       return m
+    assert hists is not None  # Merged in the same batches as levels.
     rates = boundary_stats.level_rates(
         [c['whitespace'].ends for c in levels], levels[0]['whitespace'].valid
     )
     for s, (c, hist, rate) in enumerate(zip(levels, hists, rates)):
       # Stage s >= 1 decides once per chunk of stage s - 1: its rate is per such chunk.
-      stats = {'rate': float(rate), 'bytes_per_chunk': float(c['whitespace'].bytes_per_chunk)}
+      stats: dict[str, float | dict[str, int]] = {
+          'rate': float(rate),
+          'bytes_per_chunk': float(c['whitespace'].bytes_per_chunk),
+      }
       for name in [r for r in ('whitespace', 'word_end', 'bpe') if r in c]:
         stats.update({f'{name}_{k}': float(getattr(c[name], k)) for k in PRF})
       stats.update(line_precision=float(c['line'].precision), line_recall=float(c['line'].recall))
@@ -257,6 +261,7 @@ class Evaluator:
       m.update({interface.stage_metric(s, k): v for k, v in stats.items()})
     scored = bytes_doc > 0
     for s in range(1, len(free_ends or ())):
+      assert free_ends is not None  # The range is empty otherwise.
       for name in LIFT_REFERENCES:
         lift, lift_se = significance.paired_share_difference(
             *(free_ends[level][key][scored] for level in (s, s - 1) for key in (name, 'ends'))

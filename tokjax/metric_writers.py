@@ -46,7 +46,9 @@ class MetricWriter:
     self.path = paths.join(workdir, 'metrics.jsonl')
     self.enabled = enabled
     self.remote = not paths.is_local(workdir) if remote is None else remote
-    self.tb, self.rows, self._local_tb = None, [], None
+    self.tb: SummaryWriter | None = None
+    self.rows: list[dict] = []
+    self._local_tb: str | None = None
     if not enabled:
       return
     paths.makedirs(workdir)
@@ -75,11 +77,14 @@ class MetricWriter:
     os.replace(tmp, self.path)
 
   def _tb_write(self, row: dict) -> None:
+    # Only called while enabled and open: __init__ sets tb then, and only close() unsets it.
+    assert self.tb is not None, 'MetricWriter written after close'
     for k, v in row.items():
       if k not in ('step', 'split') and math.isfinite(v):
         self.tb.add_scalar(f'{row["split"]}/{k}', v, row['step'])
 
   def _flush(self, mirror: bool) -> None:
+    assert self.tb is not None, 'MetricWriter flushed after close'
     self.tb.flush()
     self._mirror(mirror)
 

@@ -12,6 +12,7 @@ identically on every process and each process contributes the rows its devices h
 """
 
 import contextlib
+from typing import cast
 
 from absl import logging
 import flax.linen as nn
@@ -46,7 +47,7 @@ def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
         f'config.mesh: data*fsdp*tensor = {int(np.prod(shape))} but there are '
         f'{num_devices} devices; make the product equal the device count (or use -1).'
     )
-  return tuple(shape)
+  return cast(tuple[int, int, int], tuple(shape))  # One size per name in AXES.
 
 
 def make_mesh(mesh_config, devices=None) -> Mesh:

@@ -220,6 +220,7 @@ def segment_text(
       actions, probs = np.zeros((acts.shape[1], n), np.float32), np.zeros(
           (ps.shape[1], n), np.float32
       )
+    assert probs is not None  # Set with actions.
     for i in range(len(tokens) - pad):
       s, first, count = keep[b + i]
       actions[:, s : s + count] = acts[i, :, first : first + count]

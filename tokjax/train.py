@@ -31,6 +31,7 @@ import signal
 import socket
 import sys
 import time
+from typing import cast
 
 from absl import flags
 import jax
@@ -320,10 +321,14 @@ class Reporter:
     speed = self.throughput(done - self.last_step, now - self.last_t, rate)
     eta = (self.total - done) * (now - self.t0) / max(done - self.start_step, 1)
     self.writer.write(done, 'train', dict(metrics, **speed))
+    # rate is set whenever self.stages is.
     extra = (
         f' | rate {metrics["rate"]:.3f} ws {metrics["whitespace_recall"]:.2f}'
         f' word-end {metrics["word_end_recall"]:.2f}'
-        + ''.join(f' | stage {s} rate {r:.3f}' for s, r in enumerate(rate[1:], start=1))
+        + ''.join(
+            f' | stage {s} rate {r:.3f}'
+            for s, r in enumerate(cast(tuple[float, ...], rate)[1:], start=1)
+        )
         if self.stages
         else ''
     )
@@ -609,7 +614,7 @@ def finished(config, step: int) -> dict:
   """A resumed run that has nothing left to do: say so, and return its last val metrics."""
   path = paths.join(config.train.workdir, 'metrics.jsonl')
   rows = read_metrics(path) if path.exists() else []
-  val = next((r for r in reversed(rows) if r['split'] == 'val' and r['step'] <= step), {})
+  val: dict = next((r for r in reversed(rows) if r['split'] == 'val' and r['step'] <= step), {})
   shown = f'; its last val bpb is {val["bpb"]:.4f} (step {val["step"]})' if 'bpb' in val else ''
   print(
       f'the run in {config.train.workdir} already finished: its checkpoint is at step {step} and '

@@ -53,6 +53,8 @@ def load_module(name: str):
   """The module of configs/NAME.py (loaded by path: configs/ is not a package)."""
   path = os.path.join(CONFIGS_DIR, name + '.py')
   spec = importlib.util.spec_from_file_location(f'tokjax_configs_{name}', path)
+  # A path ending in .py always gets a spec with a source loader (None is for unknown suffixes).
+  assert spec is not None and spec.loader is not None
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module

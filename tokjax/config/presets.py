@@ -3,13 +3,15 @@
 smoke-test shrink `tiny` (the `,tiny` option of config variants, the experiments' --tiny, tests).
 """
 
+from typing import Any
+
 import ml_collections
 
 from tokjax import models
 from tokjax.config import defaults as config_defaults
 
 # The paper's reference setups: d, heads, down/mid/up, seq, batch, lr, bytes, corpus.
-PAPER_SIZES = {
+PAPER_SIZES: dict[str, dict[str, Any]] = {
     '147m': dict(
         d=768,
         heads=12,

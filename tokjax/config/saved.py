@@ -68,7 +68,7 @@ def _stage_sections(stages: dict, saved: dict) -> dict:
   del saved
   if not isinstance(stages, dict) or not set(stages) & set(_STAGE_TUPLES):
     return stages
-  sections = {}
+  sections: dict[str, dict[str, dict]] = {}
   for field, values in stages.items():
     part, name = _STAGE_TUPLES[field]
     for i, value in enumerate(values):
@@ -171,7 +171,9 @@ def _has(tree: dict, dotted: str) -> bool:
 
 def migrate(saved: dict) -> dict:
   """saved (a config as a dict, e.g. read from a checkpoint) with `MIGRATIONS` applied (a copy)."""
-  copy = lambda v: {k: copy(x) for k, x in v.items()} if isinstance(v, dict) else v
+  copy: Callable[[Any], Any] = (
+      lambda v: {k: copy(x) for k, x in v.items()} if isinstance(v, dict) else v
+  )
   out = copy(saved)
   for m in MIGRATIONS:
     if not _has(out, m.old):

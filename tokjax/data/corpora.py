@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 import re
 import sysconfig
+from typing import cast
 
 from absl import logging
 import numpy as np
@@ -125,7 +126,8 @@ def document_clusters(spec: str, docs, data_dir: str | None = None) -> list[int]
 @functools.lru_cache(maxsize=4)
 def _unit_of_document(spec: str, data_dir: str | None) -> dict[bytes, int]:
   corpus = registry.find(spec)
-  unit_of, units_before = {}, 0
+  unit_of: dict[bytes, int] = {}
+  units_before = 0
   for raw in _raw_documents(spec, data_dir):
     pieces = split_long_document(raw)
     starts = corpus.units(raw) if corpus and corpus.units else []
@@ -265,6 +267,7 @@ def _shipped_bytes(corpus: registry.Corpus, path: Path) -> bytes:
   """The corpus as shipped, read from its prepared copy at path when that copy holds the same bytes
   (its `shipped` sha256). A copy that differs (an older download, an edited file) is left unread
   with a warning: a stale cache must not change what a config trains on unless the user names it."""
+  assert corpus.shipped is not None  # Its one caller passes only shipped corpora.
   if path.is_file():
     data = path.read_bytes()
     digest, shipped = hashlib.sha256(data).hexdigest(), corpus.shipped[1]
@@ -284,7 +287,10 @@ def _shipped_bytes(corpus: registry.Corpus, path: Path) -> bytes:
 
 def embedded_bytes(name: str) -> bytes:
   """The registered corpus `name` as shipped with tokjax (its `shipped` file), decompressed."""
-  return lzma.decompress((Path(__file__).parent / registry.find(name).shipped[0]).read_bytes())
+  # Callers name a registered, shipped corpus (as the docstring says); other names fail as before.
+  corpus = cast(registry.Corpus, registry.find(name))
+  shipped = cast(tuple[str, str], corpus.shipped)
+  return lzma.decompress((Path(__file__).parent / shipped[0]).read_bytes())
 
 
 def _local_documents(spec: str) -> Iterator[bytes]:
@@ -391,8 +397,8 @@ def hf_stream(
 
 def _hf_documents(spec: str) -> Iterator[bytes]:
   name = spec.removeprefix("hf:")
-  file, _, field = name.partition("#")
-  file = Path(file).expanduser()
+  file_name, _, field = name.partition("#")
+  file = Path(file_name).expanduser()
   kind = {".parquet": "parquet", ".jsonl": "json"}.get(file.suffix)
   if kind is None:
     raise UserError(f"unknown Hugging Face corpus {spec!r}; {_spec_help(spec)}")

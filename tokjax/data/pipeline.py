@@ -22,10 +22,11 @@ rule) so that every result already computed on in-memory corpora stays
 bit-reproducible and tiny corpora keep at least one document per split.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import functools
 import json
+from typing import ClassVar, cast
 
 import grain
 import jax
@@ -313,6 +314,9 @@ def stream_positions(batch: dict[str, np.ndarray]) -> np.ndarray:
 
 MODEL_KEYS = ("inputs", "targets", "mask")
 
+# make_eval_batches or make_prepared_eval_batches, whose first argument differs.
+EvalBuilder = Callable[..., list[dict[str, np.ndarray]]]
+
 
 def model_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   """The arrays a model step reads (inputs, targets, mask), without eval bookkeeping."""
@@ -355,7 +359,8 @@ class Data:
         max_batches=self.eval_max_batches,
     )
 
-  _make_eval = staticmethod(make_eval_batches)
+  # Builds eval batches from what `_eval_source` gives: documents here, a reader in PreparedData.
+  _make_eval: ClassVar[EvalBuilder] = staticmethod(make_eval_batches)
 
   def _eval_source(self, split: str):
     return self.splits[split]
@@ -413,13 +418,15 @@ def load_splits(data_config, corpus: str | None = None) -> dict[str, Sequence[by
   # A data config written by hand before the field existed splits by document, as it did then.
   by_unit = getattr(d, "split_by", "document") == "unit"
   units = corpora.document_clusters(spec, docs, data_dir) if by_unit else None
-  return split_documents(
+  splits = split_documents(
       docs,
       val_fraction=d.val_fraction,
       test_fraction=d.test_fraction,
       seed=d.split_seed,
       units=units,
   )
+  # dict is invariant: its lists are read as sequences only.
+  return cast(dict[str, Sequence[bytes]], splits)
 
 
 def classical_bpb(corpus: str, split: str = "test", data_config=None) -> dict:
@@ -457,15 +464,19 @@ def build_data(config) -> Data:
   """
   data_cfg, eval_cfg = config.data, config.eval
   max_batches = eval_cfg.max_batches or None
+  splits: dict[str, Sequence[bytes]]
+  sources: Mapping[str, shards.SplitReader | Sequence[bytes]]
+  cls: type[Data]
   if shards.is_prepared_spec(data_cfg.corpus):
     manifest, readers = shards.open_splits(data_cfg.corpus)
     splits = {name: shards.PreparedDocuments(r) for name, r in readers.items()}
     sources, cls, extra = readers, PreparedData, dict(readers=readers, manifest=manifest)
-    make_train, make_eval = make_train_iterator, make_prepared_eval_batches
+    # The two builders take different sources: cast to their common type for the one call below.
+    make_train, make_eval = make_train_iterator, cast(EvalBuilder, make_prepared_eval_batches)
   else:
     splits = load_splits(data_cfg)
     sources, cls, extra = splits, Data, {}
-    make_train, make_eval = make_train_iterator, make_eval_batches
+    make_train, make_eval = make_train_iterator, cast(EvalBuilder, make_eval_batches)
   return cls(
       splits=splits,
       train_iter=make_train(

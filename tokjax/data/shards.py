@@ -123,7 +123,9 @@ class _SplitWriter:
 
   def __init__(self, name: str, out, staging: str, shard_bytes: int):
     self.name, self.out, self.staging, self.shard_bytes = name, out, staging, shard_bytes
-    self.shards, self.writer, self.offsets = [], None, []
+    self.shards: list[dict] = []
+    self.writer: array_record_module.ArrayRecordWriter | None = None
+    self.offsets: list[int] = []
     self.documents = self.nbytes = 0
 
   def _file(self, suffix: str) -> str:
@@ -210,7 +212,7 @@ def write_prepared(
     )
   root = paths.makedirs(out)
   start = time.time()
-  sample = {'val': [], 'test': []}
+  sample: dict[str, list[bytes]] = {'val': [], 'test': []}
   sample_bytes = {'val': 0, 'test': 0}
   bar = _Progress(progress)
   with tempfile.TemporaryDirectory(prefix='tokjax-prepare-') as staging:
@@ -359,7 +361,7 @@ class SplitReader:
     )
     self._token_starts = np.cumsum([0] + [s['tokens'] for s in self.shards])
     self._doc_starts = np.cumsum([0] + [s['documents'] for s in self.shards])
-    self._offsets = OrderedDict()
+    self._offsets: OrderedDict[int, np.ndarray] = OrderedDict()
     self._lock = threading.Lock()
     self._local = threading.local()
 

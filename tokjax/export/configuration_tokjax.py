@@ -95,7 +95,9 @@ class TokjaxConfig(PretrainedConfig):
     self.max_position_embeddings = max_position_embeddings
     self.tokjax = tokjax or {}
     kwargs.setdefault('tie_word_embeddings', False)
-    super().__init__(
+    # transformers 5 declares only its dataclass fields to type checkers, but its __init__ accepts
+    # and sets any keyword (`strict(accept_kwargs=True)`), as the token ids need.
+    super().__init__(  # type: ignore[call-arg]
         bos_token_id=bos_token_id,
         pad_token_id=pad_token_id,
         eos_token_id=eos_token_id,

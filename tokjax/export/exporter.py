@@ -9,6 +9,7 @@ refusal or a crash leaves nothing behind.
 import json
 import os
 import shutil
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,6 +17,9 @@ import tokjax
 from tokjax import checkpointing, metric_writers, paths
 from tokjax.errors import UserError
 from tokjax.export import mapping, spec
+
+if TYPE_CHECKING:
+  import jax  # For annotations only: parity imports jax where it runs.
 
 TOLERANCE = 1e-4  # Largest |logit difference| the gate accepts (float32, given boundaries).
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -79,7 +83,11 @@ def probe(seq_len: int) -> np.ndarray:
   with open(os.path.join(HERE, 'modeling_tokjax.py'), 'rb') as f:
     code = f.read()
   rng = np.random.default_rng(0)
-  rows = [PROBE_TEXT * (seq_len // len(PROBE_TEXT) + 1), code, rng.integers(0, 256, seq_len)]
+  rows: list[bytes | np.ndarray] = [
+      PROBE_TEXT * (seq_len // len(PROBE_TEXT) + 1),
+      code,
+      rng.integers(0, 256, seq_len),
+  ]
   out = np.full((len(rows), seq_len), BOS_ID, np.int32)
   for i, row in enumerate(rows):
     row = np.frombuffer(row, np.uint8) if isinstance(row, bytes) else row
@@ -87,7 +95,7 @@ def probe(seq_len: int) -> np.ndarray:
   return out
 
 
-def parity(model, params, model_pt, tokens: np.ndarray) -> dict:
+def parity(model, params, model_pt, tokens: 'np.ndarray | jax.Array') -> dict:
   """Runs the tokjax model (flax module and params) and the PyTorch model on tokens: int32[B, L]
   in float32.
 

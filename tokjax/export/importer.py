@@ -117,11 +117,13 @@ def _zeros(tree):
 def _is_scanned(abstract_params, unrolled) -> bool:
   import jax  # pylint: disable=g-import-not-at-top
 
-  return jax.tree.structure(_zeros(abstract_params)) != jax.tree.structure(unrolled)
+  # jax annotates structure() with an alias of PyTreeDef that mypy cannot resolve as a class.
+  model_structure: object = jax.tree.structure(_zeros(abstract_params))
+  return model_structure != jax.tree.structure(unrolled)
 
 
 def _unflatten(leaves: dict) -> dict:
-  tree = {}
+  tree: dict = {}
   for path, x in leaves.items():
     node = tree
     for p in path[:-1]:

@@ -27,7 +27,7 @@ H heads, K head width, V vocabulary.
 import dataclasses
 import inspect
 import math
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 from torch import nn
@@ -89,7 +89,11 @@ class LayerCache:
 
   def __init__(self, window: int = 0):
     self.window = window
-    self.k = self.v = self.pos = self.valid = None
+    # None until the first extend, then all four are set together.
+    self.k: torch.Tensor | None = None
+    self.v: torch.Tensor | None = None
+    self.pos: torch.Tensor | None = None
+    self.valid: torch.Tensor | None = None
 
   def extend(self, k, v, positions, key_valid=None):
     """Appends [B, L, H, K] keys and values at positions int[B, L]; returns all of them (k, v,
@@ -97,9 +101,10 @@ class LayerCache:
     may still reach them)."""
     valid = torch.ones_like(positions, dtype=torch.bool) if key_valid is None else key_valid
     if self.k is not None:
+      assert self.v is not None and self.pos is not None and self.valid is not None  # Set with k.
       k, v = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1)
       positions, valid = torch.cat([self.pos, positions], 1), torch.cat([self.valid, valid], 1)
-    kept = (k, v, positions, valid)
+    kept: tuple[torch.Tensor, ...] = (k, v, positions, valid)
     if self.window > 0:
       kept = tuple(x[:, -self.window :] for x in kept)
     self.k, self.v, self.pos, self.valid = kept
@@ -459,7 +464,8 @@ def build_boundary(stage: dict, d: int) -> nn.Module:
   silently dropped)."""
   method = BOUNDARY_METHODS[stage['method']]
   settings = {k: v for k, v in stage.items() if k != 'method'}
-  known = set(inspect.signature(method.__init__).parameters) - {'self', 'd'}
+  # The signature of the class is its __init__'s without self.
+  known = set(inspect.signature(method).parameters) - {'self', 'd'}
   unknown = sorted(set(settings) - known)
   if unknown:
     raise ValueError(
@@ -540,7 +546,9 @@ class TokjaxCausalLMOutput(CausalLMOutput):
   boundary_logits: Optional[tuple] = None
   byte_boundaries: Optional[torch.Tensor] = None
   early_logits: Optional[torch.Tensor] = None
-  values: Optional[torch.Tensor] = None
+  # A ModelOutput is an OrderedDict, whose values() this field shadows; the field name is kept, as
+  # callers of exported models read the critic's returns by it.
+  values: Optional[torch.Tensor] = None  # type: ignore[assignment]
   cache: Optional[object] = None
 
 
@@ -575,7 +583,12 @@ class TokjaxPreTrainedModel(PreTrainedModel):
     # Asked to ignore them, transformers leaves a mismatched tensor uninitialised; not asked, it
     # raises without naming it. Ignored here so that the error below names each one.
     kwargs['ignore_mismatched_sizes'] = True
-    model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+    # transformers annotates from_pretrained as returning the model, but with output_loading_info
+    # it returns (model, loading info).
+    model, info = cast(
+        tuple[PreTrainedModel, dict],
+        super().from_pretrained(*args, output_loading_info=True, **kwargs),
+    )
     mismatched = sorted(info.get('mismatched_keys') or ())
     if mismatched:
       shapes = '; '.join(
@@ -703,6 +716,7 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
       else:
         out = self._hierarchical(tokens, boundaries, mode, generator)
     if labels is not None:
+      assert out.logits is not None  # Both model kinds always give logits.
       out.loss = F.cross_entropy(
           out.logits[:, :-1].reshape(-1, out.logits.shape[-1]),
           labels[:, 1:].reshape(-1).long(),
@@ -956,7 +970,7 @@ class TokjaxCache:
     self.inner_decoders = [layers(stack) for stack in model.inner_decoders]
     methods = [model.boundary, *model.inner_boundaries]
     self.windows = [getattr(m, 'window', 1) for m in methods]  # The policy's; 1: no history.
-    self.stages = [None] * len(self.windows)
+    self.stages: list[dict | None] = [None] * len(self.windows)
 
   def stage(self, s: int, x) -> dict:
     """Stage s's state, started on the first call (x: [B, 1, D] gives the shapes)."""
@@ -971,7 +985,7 @@ class TokjaxCache:
           'tokens': None,
           'early_logits': None,
       }
-    return self.stages[s]
+    return cast(dict, self.stages[s])  # Started above when it was None.
 
   def get_seq_length(self, layer_idx: int = 0) -> int:
     del layer_idx

@@ -45,7 +45,7 @@ def stage_settings(config, s: int) -> dict:
   (the fields of the module the registry builds for it), and for s >= 1 its chunk layers."""
   st = stages.get(config, s)
   module = models.build_boundary(config, st)
-  entry = {'method': st.method}
+  entry: dict[str, int | float | str | bool] = {'method': st.method}
   if dataclasses.is_dataclass(module):
     for f in dataclasses.fields(module):
       value = getattr(module, f.name)

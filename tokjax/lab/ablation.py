@@ -251,7 +251,8 @@ def plot(out_dir, rows, meta) -> None:
 
 def parse_variants(items) -> dict:
   """VARIANTS, or the named ones, plus NAME:FIELD=VALUE items (several for one NAME add up)."""
-  chosen, extra = {}, {}
+  chosen: dict[str, tuple[str, ...]] = {}
+  extra: dict[str, list[str]] = {}
   for item in items:
     if ':' in item:
       name, field = item.split(':', 1)

@@ -17,6 +17,7 @@ document (`significance.paired_difference`), for greedy and sampled boundaries.
 import functools
 import json
 import os
+from typing import Any
 
 from absl import flags
 import jax
@@ -71,7 +72,7 @@ def measure(ckpt, docs, key, max_windows: int = 512, batch_size: int = 16) -> di
   length = ckpt.config.data.seq_len
   windows, owner = cut_windows(docs, length, max_windows)
   batches = readings(windows)
-  out = {'windows': int(len(windows)), 'documents': int(len(set(owner.tolist())))}
+  out: dict[str, Any] = {'windows': int(len(windows)), 'documents': int(len(set(owner.tolist())))}
   for mode in model.boundary_modes:
     forward = jax.jit(functools.partial(evaluator._forward, model, mode))  # pylint: disable=protected-access
     ce = {}

@@ -351,7 +351,8 @@ def _same(a, b) -> bool:
 def first_metrics_difference(rows: list[dict], reference: list[dict]) -> str | None:
   """One line on the first way `rows` is not the reference log: repeated or out-of-order steps,
   a different row, a different value, or missing or extra rows. None when they are the same."""
-  seen, last = {}, None
+  seen: dict[tuple, int] = {}
+  last = None
   for i, row in enumerate(rows, 1):
     key = (row.get('step'), row.get('split'))
     if key in seen:

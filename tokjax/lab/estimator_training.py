@@ -244,7 +244,7 @@ def run_grid(corpus, steps, eval_every, seeds, variants, out_dir, tiny=False, co
       for v, ss in grid.items()
       for s in ss
   }
-  runs = {v: [] for v in grid}
+  runs: dict[str, list[dict]] = {v: [] for v in grid}
   for (v, s), config in configs.items():
     name = f'{v}_s{s}'
     print(

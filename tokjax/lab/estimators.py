@@ -40,6 +40,7 @@ import dataclasses
 import os
 import sys
 import time
+from typing import Any, cast
 
 from absl import flags
 import flax.linen as nn
@@ -90,7 +91,7 @@ def summarize(estimates, reference=None, reference_noise: float = 0.0) -> dict:
   n = est.shape[0]
   mean = est.mean(0)
   var = float(est.var(0, ddof=1).sum()) if n > 1 else 0.0
-  out = {
+  out: dict[str, float | None] = {
       'n': int(n),
       'variance': var,
       'mean_norm': float(np.linalg.norm(mean)),
@@ -211,7 +212,8 @@ def _stop_ste_gate(next_fun, args, kwargs, context):
       and isinstance(out, bd.Boundaries)
       and out.chunk_gate is not None
   ):
-    out = out.replace(chunk_gate=jax.lax.stop_gradient(out.chunk_gate))
+    # What flax's out.replace does (its stubs do not declare it).
+    out = dataclasses.replace(out, chunk_gate=jax.lax.stop_gradient(out.chunk_gate))
   return out
 
 
@@ -343,7 +345,10 @@ def encode(setup: Setup):
 def draw_actions(setup: Setup, h, key, n: int):
   """n independent boundary draws of the batch from the policy: float32[n, B, L]."""
   policy = setup.model.levels[0].boundary
-  one = lambda k: policy.apply({'params': setup.boundary_params}, h, k, mode='sample').actions
+  # flax types apply's result as (output, variables) too, which it is only with `mutable`.
+  one = lambda k: cast(
+      bd.Boundaries, policy.apply({'params': setup.boundary_params}, h, k, mode='sample')
+  ).actions
   return jax.jit(jax.vmap(one))(jax.random.split(key, n))
 
 
@@ -378,7 +383,7 @@ def _policy_grads(setup: Setup, h, mask, actions, coefs):
 
   def one(a, g):
     def surrogate(pb):
-      b = policy.apply({'params': pb}, h, None, mode='given', actions=a)
+      b = cast(bd.Boundaries, policy.apply({'params': pb}, h, None, mode='given', actions=a))
       return estimator.policy_loss(b.log_probs, g, b.free & (mask > 0))
 
     return jax.grad(surrogate)(setup.boundary_params)
@@ -505,7 +510,7 @@ def run_lab(
     ce_all, log_p = _enumerated(setup, setup.boundary_params, pathwise=False)
     mean_ce_full = jnp.sum(jnp.exp(log_p)[..., None] * ce_all, 1)
     ref = flatten(exact_gradient(setup))
-    ref_info = {'kind': 'exact enumeration', 'noise': 0.0}
+    ref_info: dict[str, Any] = {'kind': 'exact enumeration', 'noise': 0.0}
   else:
     ce_fn = ce_forward_fn(setup)
     ref, noise, mean_ce_full = sampled_reference(setup, h, ce_early, k_ref, ref_samples, ce_fn)

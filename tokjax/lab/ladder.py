@@ -50,6 +50,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any, Callable
 
 from absl import flags, logging
 import numpy as np
@@ -330,7 +331,9 @@ def read_spec(run_dir: str) -> tuple[Run, Scoring]:
     with open(os.path.join(run_dir, 'result.json')) as f:
       r = json.load(f)
     spec['scoring'] = dataclasses.asdict(held_scoring(r))
-  tup = lambda d: {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+  tup: Callable[[dict], dict[str, Any]] = lambda d: {
+      k: tuple(v) if isinstance(v, list) else v for k, v in d.items()
+  }
   return Run(**tup(spec['run'])), Scoring(**tup(spec['scoring']))
 
 
@@ -466,7 +469,7 @@ def execute(
   # Last: XLA drops the flags that follow ONE_THREAD's bare 'intra_op_parallelism_threads=1' (a device
   # count placed after it gave one device).
   xla_flags += ' ' + ONE_THREAD
-  running = {}  # Popen -> (run, cores, start time)
+  running: dict[subprocess.Popen, tuple[Run, tuple[int, ...], float]] = {}  # (run, cores, start)
   stopping = {'signal': None}
   failures = 0
 
@@ -632,7 +635,7 @@ def cross_shared(corpus: str, cross, config, allow: bool) -> dict[str, float]:
 
 
 def _parse_map(items, what) -> dict:
-  out = {}
+  out: dict[str, list[str]] = {}
   for item in items:
     if ':' not in item:
       raise UserError(

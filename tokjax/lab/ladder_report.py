@@ -65,7 +65,7 @@ def summarize(results, reference: str) -> list[dict]:
   missing), and the paired difference to that reference (`paired_over_seeds`) on test and on each
   corpus scored out of domain, each judged within its family (`holm_families`). 'best_lr': whether
   the row's lr is its method's best on val there."""
-  groups = {}
+  groups: dict[tuple, list[dict]] = {}
   for r in results:
     groups.setdefault(_key(r), []).append(r)
   best = {}  # (budget, seq_len, method) -> lr
@@ -76,6 +76,7 @@ def summarize(results, reference: str) -> list[dict]:
     ref = groups.get((b, L, reference, best.get((b, L, reference))))
     paired = ref is not None and m != reference
     if paired:
+      assert ref is not None  # paired says so.
       matched = _seeds(rs) & _seeds(ref)
       if not matched:
         raise UserError(
@@ -117,6 +118,7 @@ def summarize(results, reference: str) -> list[dict]:
       row.setdefault('cross_rate', {})[c] = _mean(x['cross'][c].get('rate') for x in scored)
       row['cross_seeds'][c] = [x['run']['seed'] for x in scored]
       if paired:
+        assert ref is not None  # paired says so.
         ref_scored = [x for x in ref if c in x.get('cross', {})]
         if _seeds(scored) & _seeds(ref_scored):
           row['cross_paired'][c] = paired_over_seeds(scored, ref_scored, c)
@@ -148,7 +150,7 @@ def holm_families(rows, corpus: str) -> None:
   are one family, and those on each corpus scored out of domain one more. A row at another lr is
   adjusted in its cell's family with itself standing for its method, so that each table of the
   lr sweep adjusts over the same number of comparisons as the one of best lrs."""
-  cells = {}
+  cells: dict[tuple, list[dict]] = {}
   for r in rows:
     cells.setdefault((r['budget'], r['seq_len']), []).append(r)
   judged = []  # (record, its judgement), applied once every family is worked out.
@@ -236,7 +238,7 @@ def trend(rows, reference: str) -> dict:
   out = {}
   for L in sorted({r['seq_len'] for r in rows}):
     best = [r for r in rows if r['seq_len'] == L and r.get('paired') and r['best_lr']]
-    pairs = {}
+    pairs: dict[float, dict[str, dict]] = {}
     for r in best:
       pairs.setdefault(r['budget'], {})[r['method']] = r['paired']
     rungs = {

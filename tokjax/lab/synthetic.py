@@ -209,7 +209,7 @@ def _random_word(rng: np.random.Generator, spec: CorpusSpec) -> bytes:
 
 def make_lexicon(rng: np.random.Generator, spec: CorpusSpec) -> list[bytes]:
   """`spec.lexicon_size` distinct random words (terminator included); [] for fresh words."""
-  words = set()
+  words: set[bytes] = set()
   while len(words) < spec.lexicon_size:
     words.add(_random_word(rng, spec))
   return sorted(words)
@@ -325,7 +325,9 @@ def make_phrase_book(rng: np.random.Generator, spec: PhraseSpec) -> list[list[by
     mark = spec.marks[int(rng.integers(0, len(spec.marks)))]
     return tuple(phrase[:-1]) + (phrase[-1][:-1] + bytes([mark]) + b' ',)
 
-  book, stems = {}, set()  # Insertion-ordered, so the book does not depend on hashing.
+  # Insertion-ordered, so the book does not depend on hashing.
+  book: dict[tuple[bytes, ...], None] = {}
+  stems: set[tuple[bytes, ...]] = set()
   while len(book) < spec.phrase_book:
     if spec.book == 'distinct':
       book.setdefault(closed(words(int(rng.integers(spec.min_words, spec.max_words + 1)))), None)
@@ -582,7 +584,7 @@ PHRASE_MODES = ('greedy', 'sample')
 
 def parse_overrides(entries) -> dict[str, dict]:
   """['RUN:path.to.field=VALUE', ...] -> {RUN: {'path.to.field': value}} (VALUE a Python literal)."""
-  out = {}
+  out: dict[str, dict] = {}
   for e in entries:
     run, sep, rest = e.partition(':')
     path, eq, text = rest.partition('=')
@@ -628,7 +630,7 @@ def per_document_counts(evaluator, params, texts, key, modes=PHRASE_MODES) -> di
   Returns {mode: {'ce', 'bytes': float64[D], and per level s and reference r of PHRASE_REFERENCES
   'L{s}_{r}_hits', 'L{s}_{r}_refs': float64[D]}} (boundary_stats.Counts of document d alone).
   """
-  out = {m: {} for m in modes}
+  out: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
   for d, text in enumerate(texts):
     r = evaluator.run(
         params,
@@ -707,11 +709,11 @@ def stage1_probabilities(ckpt, texts, key, marks: bytes = PhraseSpec.marks) -> d
     phrase = boundary_stats.phrase_end(b[None])[0]
     prev = np.concatenate([[0], b[:-1]])
     where = {'phrase': ends & phrase, 'other': ends & ~phrase}
-    for m in marks:
-      where[chr(m)] = ends & phrase & ((b == m) | (prev == m))
+    for mark in marks:
+      where[chr(mark)] = ends & phrase & ((b == mark) | (prev == mark))
     for name, at in where.items():
       sums[f'p_{name}'][d], sums[f'n_{name}'][d] = probs[1][at].sum(), at.sum()
-  m = {}
+  m: dict[str, float] = {}
   for name in names:
     m[f'p1_{name}'], m[f'p1_{name}_se'] = significance.share_and_se(
         sums[f'p_{name}'], sums[f'n_{name}']

@@ -106,8 +106,8 @@ class TokjaxLM(LM):
   def generate_until(self, requests, disable_tqdm: bool = False):
     del disable_tqdm
     decoding.check_causal(self.ckpt.config)
-    out = [None] * len(requests)
-    groups = {}  # Requests with the same generation settings share batches.
+    out: list[str | None] = [None] * len(requests)
+    groups: dict[tuple, list[int]] = {}  # Requests with the same generation settings share batches.
     for i, r in enumerate(requests):
       kwargs = dict(r.args[1] or {})
       until = kwargs.get('until') or []

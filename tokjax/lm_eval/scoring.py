@@ -72,7 +72,8 @@ def windows(n: int, score_from: int, length: int, overlap: int) -> list[tuple[in
   """
   if not 0 <= overlap < length:
     raise UserError(f'the rolling overlap must be in [0, {length}), got {overlap}.')
-  out, s = [], score_from
+  out: list[tuple[int, int, int]] = []
+  s = score_from
   while s < n:
     if n - s <= (length if not out else length - overlap):
       e = n  # The rest fits: one row with as much context as fits.
@@ -157,7 +158,7 @@ class Scorer:
     full = np.zeros(len(rows))  # Log-probability of text[start:end] in each row.
     ctx = np.zeros(len(rows))  # ... of text[start:first], the row's context.
     greedy = np.zeros(len(rows), bool)
-    by_len = {}
+    by_len: dict[int, list[int]] = {}
     for r, (*_, start, end, _, _) in enumerate(rows):
       length = next(n for n in self.lengths if n >= end - start)
       by_len.setdefault(length, []).append(r)
@@ -171,7 +172,8 @@ class Scorer:
           full[r] = -ce[j, : end - start].sum(dtype=np.float64)
           ctx[r] = -ce[j, : first - start].sum(dtype=np.float64)
           greedy[r] = bool(hit[j, first - start : end - start].all())
-    out, groups = [], {}
+    out: list[Score] = []
+    groups: dict[tuple[int, int], list[int]] = {}
     for r, (i, w, *_) in enumerate(rows):
       groups.setdefault((i, w), []).append(r)
     logprob = np.zeros(len(texts))
@@ -181,8 +183,8 @@ class Scorer:
       # log sum_k p(ctx, scored | z_k) - log sum_k p(ctx | z_k); for K = 1 simply f - c.
       logprob[i] += _logsumexp(f) - _logsumexp(c)
       is_greedy[i] &= greedy[members[0]]
-    for i, (text, c) in enumerate(zip(texts, score_from)):
-      out.append(Score(float(logprob[i]), len(text) - c, bool(is_greedy[i])))
+    for i, (text, start) in enumerate(zip(texts, score_from)):
+      out.append(Score(float(logprob[i]), len(text) - start, bool(is_greedy[i])))
     return out
 
   def _batch(self, rows, length):

@@ -38,7 +38,7 @@ def gold_index(task, doc) -> int:
   first = gold[0] if isinstance(gold, (list, tuple)) and len(gold) else gold
   if isinstance(first, str) and first in choices:
     return choices.index(first)
-  if isinstance(first, numbers.Integral) and 0 <= first < len(choices):
+  if isinstance(first, numbers.Integral) and 0 <= int(first) < len(choices):
     return int(first)
   raise ValueError(f'its gold {gold!r} is not among its {len(choices)} choices')
 

@@ -26,6 +26,7 @@ import os
 import re
 import tempfile
 import time
+from typing import cast
 
 from absl import flags
 import jax
@@ -61,7 +62,7 @@ PARTS = (('attention', '/attn/'), ('MLP', '/mlp/'), ('norms', 'norm'))
 
 def op_names(hlo_text: str) -> dict[str, str]:
   """{HLO instruction name: its metadata op_name} of a compiled module's text."""
-  found = {}
+  found: dict[str, str] = {}
   for line in hlo_text.splitlines():
     m = re.match(r'\s*(?:ROOT )?%?([\w.\-]+) = .*?metadata=\{[^}]*op_name="([^"]*)"', line)
     if m:
@@ -79,8 +80,10 @@ def component(op_name: str) -> str:
 def attribute(events: list[dict], names: dict[str, str], steps: int) -> dict:
   """Milliseconds per step of each component (and its backward share), and of attention, MLP and
   norms inside the byte layers and the main network, from a trace's complete ('X') op events."""
-  total, backward, parts = collections.Counter(), collections.Counter(), collections.Counter()
-  kinds = collections.Counter()
+  total: collections.Counter[str] = collections.Counter()
+  backward: collections.Counter[str] = collections.Counter()
+  parts: collections.Counter[str] = collections.Counter()
+  kinds: collections.Counter[str] = collections.Counter()
   for e in events:
     if e.get('ph') != 'X' or e['name'] not in names:
       continue
@@ -149,7 +152,8 @@ def profile(config, batch: int, length: int, capacity_fraction: float, steps: in
     (path,) = glob.glob(os.path.join(folder, 'plugins', 'profile', '*', '*.trace.json.gz'))
     with gzip.open(path) as f:
       events = json.load(f)['traceEvents']
-  hlo = trainer.lower_train_step(state, data, jax.random.PRNGKey(0)).compile().as_text()
+  # as_text gives None only on a backend that cannot print its module; the CPU and GPU can.
+  hlo = cast(str, trainer.lower_train_step(state, data, jax.random.PRNGKey(0)).compile().as_text())
   found = attribute(events, op_names(hlo), steps)
   found.update(batch=batch, seq_len=length, capacity=c.model.capacity, step_ms=round(wall * 1e3, 1))
   found['bytes_per_s'] = round(batch * length / wall)
