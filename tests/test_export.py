@@ -759,7 +759,7 @@ def test_every_exported_method_generates_cached_as_uncached_and_as_tokjax(method
   found = _gate(c, params, model)
   assert found['given'] <= exporter.TOLERANCE and found['boundary_probs'] <= exporter.TOLERANCE
   model_pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
-  ref, cached, uncached, whole = _generations(model, params, model_pt, 40)
+  ref, cached, uncached, whole = _generations(model, params, model_pt, 24)
   np.testing.assert_array_equal(cached, uncached)
   np.testing.assert_array_equal(cached, ref['tokens'])
   if model.num_stages:
