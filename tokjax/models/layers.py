@@ -190,12 +190,16 @@ def _write_cache(cache, k, v, positions, slot, write):
   cache: {k, v: [B, S, H, K], pos: int32[B, S], valid: bool[B, S]}; k/v: [B, Q, H, K] of which only
   Q = 1 is supported; positions, slot: int32[B, 1]; write: bool[B].
   """
-  hit = (jnp.arange(cache['pos'].shape[1])[None, :] == slot) & write[:, None]  # [B, S]
+  # A scatter of one slot per row (a row that does not write aims past the end, which drops it):
+  # in a decoding loop it updates the cache in place, where a select would rewrite every slot.
+  rows = jnp.arange(k.shape[0])
+  at = jnp.where(write, slot[:, 0], cache['pos'].shape[1])
+  put = lambda x, value: x.at[rows, at].set(value, mode='drop')
   return {
-      'k': jnp.where(hit[..., None, None], k, cache['k']),
-      'v': jnp.where(hit[..., None, None], v, cache['v']),
-      'pos': jnp.where(hit, positions, cache['pos']),
-      'valid': cache['valid'] | hit,
+      'k': put(cache['k'], k[:, 0]),
+      'v': put(cache['v'], v[:, 0]),
+      'pos': put(cache['pos'], positions[:, 0]),
+      'valid': put(cache['valid'], True),
   }
 
 
