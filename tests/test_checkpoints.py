@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, losses, train
+from tokjax import checkpointing, inspection, losses, train
 from tokjax.config import files as config_files
 from tokjax.errors import UserError
 from tokjax.metric_writers import read_metrics
@@ -83,14 +83,14 @@ def test_resume_falls_back_to_the_previous_step_and_says_why(two_step_run, tmp_p
 )
 def test_inspection_falls_back_and_step_flag_demands_the_step(two_step_run, tmp_path, capsys, name):
   run = _corrupt(two_step_run, tmp_path, name)
-  ckpt = checkpointing.load_checkpoint(run)
+  ckpt = inspection.load_checkpoint(run)
   (line,) = _warnings(capsys.readouterr().out)
   assert ckpt.step == 3 and 'step 6' in line and CORRUPTIONS[name][1] in line
   with pytest.raises(UserError, match=f'step 6 .*unusable.*{CORRUPTIONS[name][1]}.*drop --step'):
-    checkpointing.load_checkpoint(run, step=6)
-  assert checkpointing.load_checkpoint(run, step=3).step == 3
+    inspection.load_checkpoint(run, step=6)
+  assert inspection.load_checkpoint(run, step=3).step == 3
   with pytest.raises(UserError, match='no checkpoint of step 4'):
-    checkpointing.load_checkpoint(run, step=4)
+    inspection.load_checkpoint(run, step=4)
 
 
 def _widen_saved_model(step_dir):
@@ -108,7 +108,7 @@ def test_a_step_of_another_run_falls_back_in_one_line(two_step_run, tmp_path, ca
   _widen_saved_model(os.path.join(run, 'checkpoints', '6'))
   reported = []  # What Python would print as 'Exception ignored in ...' (pytest holds its hook).
   monkeypatch.setattr(sys, 'unraisablehook', lambda arg: reported.append(arg.exc_value))
-  assert checkpointing.load_checkpoint(run).step == 3
+  assert inspection.load_checkpoint(run).step == 3
   gc.collect()  # Orbax's other reads of the failed restore report when collected.
   (line,) = _warnings(capsys.readouterr().out)
   assert 'does not fit its saved config' in line and 'using step 3' in line, line

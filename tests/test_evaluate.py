@@ -9,14 +9,14 @@ import jax
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, evaluate
+from tokjax import checkpointing, evaluate, inspection
 from tokjax.data import baselines, pipeline
 from tokjax.errors import UserError
 
 
 @pytest.fixture(scope='module')
 def ckpt(tiny_run):
-  return checkpointing.load_checkpoint(tiny_run)
+  return inspection.load_checkpoint(tiny_run)
 
 
 def _last_val(run):
@@ -30,7 +30,7 @@ def test_reproduces_trainer_val_bpb(tiny_run, ckpt):
   res = ckpt.evaluator.run(
       ckpt.params,
       docs,
-      checkpointing.eval_key(ckpt.config),
+      inspection.eval_key(ckpt.config),
       max_batches=ckpt.config.eval.max_batches,
   )
   for mode, prefix in (('sample', ''), ('greedy', 'greedy_')):
@@ -99,18 +99,18 @@ def _copy(run, tmp_path, name):
 
 def test_bad_checkpoint_folders(tiny_run, tmp_path):
   with pytest.raises(UserError, match='does not exist'):
-    checkpointing.load_checkpoint(str(tmp_path / 'missing'))
+    inspection.load_checkpoint(str(tmp_path / 'missing'))
   (tmp_path / 'empty').mkdir()
   with pytest.raises(UserError, match='holds no checkpoint'):
-    checkpointing.load_checkpoint(str(tmp_path / 'empty'))
+    inspection.load_checkpoint(str(tmp_path / 'empty'))
   run, step_dir = _copy(tiny_run, tmp_path, 'nocommit')
   os.remove(os.path.join(step_dir, 'commit_success.txt'))
   with pytest.raises(UserError, match='step 6 .* unusable.*commit_success'):
-    checkpointing.load_checkpoint(run)
+    inspection.load_checkpoint(run)
   run, step_dir = _copy(tiny_run, tmp_path, 'nostate')
   shutil.rmtree(os.path.join(step_dir, 'state'))
   with pytest.raises(UserError, match='step 6 .* unusable.*"state"'):
-    checkpointing.load_checkpoint(run)
+    inspection.load_checkpoint(run)
 
 
 def test_checkpoint_from_another_config(tiny_run, tmp_path):
@@ -120,7 +120,7 @@ def test_checkpoint_from_another_config(tiny_run, tmp_path):
   cfg['model']['d_model'] = 64
   json.dump(cfg, open(meta, 'w'))
   with pytest.raises(UserError, match='does not fit its saved config|other parameter shapes'):
-    checkpointing.load_checkpoint(run)
+    inspection.load_checkpoint(run)
 
 
 def test_checkpoint_from_a_larger_mesh_loads_on_this_machine(tiny_run, tmp_path, ckpt, capsys):
@@ -131,7 +131,7 @@ def test_checkpoint_from_a_larger_mesh_loads_on_this_machine(tiny_run, tmp_path,
   cfg = json.load(open(meta))
   cfg['mesh'].update(data=2, fsdp=2, tensor=2)
   json.dump(cfg, open(meta, 'w'))
-  moved = checkpointing.load_checkpoint(run)
+  moved = inspection.load_checkpoint(run)
   assert 'does not fit' in capsys.readouterr().out
   assert (moved.config.mesh.data, moved.config.mesh.fsdp, moved.config.mesh.tensor) == (-1, 1, 1)
   assert moved.trainer.mesh.devices.size == jax.device_count()

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from tokjax import checkpointing, evaluate
+from tokjax import evaluate, inspection
 from tokjax.data import pipeline
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_evaluate_split_val_reproduces_the_logged_val_bpb_by_default(tiny_run, tmp_path):
   rows = [json.loads(l) for l in open(os.path.join(tiny_run, 'metrics.jsonl'))]
   val = [r for r in rows if r['split'] == 'val'][-1]
-  config = checkpointing.load_checkpoint(tiny_run).config
+  config = inspection.load_checkpoint(tiny_run).config
   assert val['step'] == config.train.steps  # The last checkpoint's own validation.
   # The split holds more batches than the trainer validates on, so the default is what matches.
   docs = evaluate.load_split(config, None, 'val')['val']

@@ -88,9 +88,9 @@ def test_evaluator_units_add_up_to_its_documents(tmp_path):
 def test_evaluator_scores_a_callers_reference_at_every_level_from_its_counts(tiny_two_stage_run):
   """A reference passed by name is scored at both levels of a two-stage model like the builtin
   ones (one counting code), and the returned counts are the sums behind every statistic."""
-  from tokjax import checkpointing  # pylint: disable=g-import-not-at-top
+  from tokjax import inspection  # pylint: disable=g-import-not-at-top
 
-  ckpt = checkpointing.load_checkpoint(tiny_two_stage_run[0])
+  ckpt = inspection.load_checkpoint(tiny_two_stage_run[0])
   docs = [d[:400] for d in pipeline.load_splits(ckpt.config.data)['val'][:3]]
   key = jax.random.PRNGKey(4)
   refs = {'space_too': boundary_stats.whitespace, 'letter_a': lambda t, p: t == ord('a')}
@@ -125,9 +125,9 @@ def test_stage_lift_is_the_precision_gain_over_the_stage_below_at_unforced_posit
 ):
   """stage1_{whitespace,line}_lift, computed per document, pools to the same number as the
   counts of references restricted to unforced positions (the other counting path)."""
-  from tokjax import checkpointing  # pylint: disable=g-import-not-at-top
+  from tokjax import inspection  # pylint: disable=g-import-not-at-top
 
-  ckpt = checkpointing.load_checkpoint(tiny_two_stage_run[0])
+  ckpt = inspection.load_checkpoint(tiny_two_stage_run[0])
   docs = [d[:400] for d in pipeline.load_splits(ckpt.config.data)['val'][:3]]
 
   def unforced(tokens, positions=None):

@@ -19,7 +19,7 @@ import pytest
 import safetensors
 import torch
 
-from tokjax import checkpointing, models
+from tokjax import checkpointing, inspection, models
 from tokjax.errors import UserError
 from tokjax.export import exporter, mapping, spec
 from tokjax.models import registry
@@ -54,7 +54,7 @@ def exported(tiny_run, tmp_path_factory):
   """(export folder, restored checkpoint) of the shared tiny run."""
   out = str(tmp_path_factory.mktemp('export') / 'out')
   exporter.export(tiny_run, out)
-  return out, checkpointing.load_checkpoint(tiny_run)
+  return out, inspection.load_checkpoint(tiny_run)
 
 
 def _tokjax(ckpt, tokens, mode, actions=None):
@@ -312,7 +312,7 @@ def test_import_gives_the_run_back_evaluates_equal_and_resumes(exported, tiny_ru
   out, ckpt = exported
   run = str(tmp_path / 'run')
   importer.import_export(out, run)
-  back = checkpointing.load_checkpoint(run)
+  back = inspection.load_checkpoint(run)
   assert back.step == ckpt.step and back.config.model.to_dict() == ckpt.config.model.to_dict()
   jax.tree.map(np.testing.assert_array_equal, back.params, ckpt.params)
   # The same bpb as the exported run, as `python -m tokjax.evaluate` reports it.
@@ -342,7 +342,7 @@ def test_import_gives_the_run_back_evaluates_equal_and_resumes(exported, tiny_ru
   config.train.eval_every = config.train.checkpoint_every = config.train.log_every = 2
   val = train.train(config, resume=True, extend_schedule=True)
   assert np.isfinite(val['bpb'])
-  assert sorted(checkpointing.inspection_manager(run).all_steps())[-1] == ckpt.step + 2
+  assert sorted(inspection.inspection_manager(run).all_steps())[-1] == ckpt.step + 2
   rows = [json.loads(line) for line in open(os.path.join(run, 'metrics.jsonl'))]
   assert [r['step'] for r in rows if r.get('split') == 'train'] == [ckpt.step + 2]
 
@@ -509,7 +509,7 @@ def test_gate_for_the_sequential_policy(form, tmp_path):
 
 def test_gate_for_two_stages_trained(tiny_two_stage_run):
   workdir, _ = tiny_two_stage_run
-  ckpt = checkpointing.load_checkpoint(workdir)
+  ckpt = inspection.load_checkpoint(workdir)
   found = _gate(ckpt.config, ckpt.params, ckpt.model)
   assert found['given'] <= exporter.TOLERANCE and found['greedy_mismatch'] == 0
   assert len(spec.hf_config(ckpt.config)['stages']) == 2

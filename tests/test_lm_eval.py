@@ -16,7 +16,7 @@ import lm_eval
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, evaluate, evaluator, sample, train
+from tokjax import evaluate, evaluator, inspection, sample, train
 from tokjax.config import files as config_files
 from tokjax.config import presets
 from tokjax.data import BOS_ID
@@ -338,7 +338,7 @@ def test_bad_model_args(tiny_run, manager):
   with pytest.raises(UserError, match='needs checkpoint='):
     lm_model.TokjaxLM()
   with pytest.raises(UserError, match='needs --boundaries=sample'):
-    scoring.Scorer(checkpointing.load_checkpoint(tiny_run), draws=2)
+    scoring.Scorer(inspection.load_checkpoint(tiny_run), draws=2)
   assert lm_eval.api.registry.get_model('tokjax') is lm_model.TokjaxLM
 
 

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import pytest
 
-from tokjax import checkpointing
+from tokjax import inspection
 from tokjax.metric_writers import is_wall_clock, read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -147,7 +147,7 @@ def test_the_two_process_run_was_stopped_and_resumed(runs):
 
 
 def test_two_processes_end_bitwise_equal_to_one(runs):
-  a, b = (checkpointing.load_checkpoint(runs[k]) for k in ('one', 'two'))
+  a, b = (inspection.load_checkpoint(runs[k]) for k in ('one', 'two'))
   assert a.step == b.step == STEPS
   leaves = lambda ckpt: jax.tree_util.tree_leaves_with_path(jax.device_get(ckpt.params))
   for (path, x), (_, y) in zip(leaves(a), leaves(b), strict=True):

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, decoding, evaluate, sample, segment, tokenization
+from tokjax import decoding, evaluate, inspection, sample, segment, tokenization
 from tokjax.data import PAD_ID
 from tokjax.models import hierarchical
 
@@ -23,7 +23,7 @@ TEXT = (
 
 @pytest.fixture(scope='module')
 def ckpt(tiny_two_stage_run):
-  return checkpointing.load_checkpoint(tiny_two_stage_run[0])
+  return inspection.load_checkpoint(tiny_two_stage_run[0])
 
 
 def test_render_repeats_the_delimiter_once_per_level():

@@ -12,7 +12,7 @@ from conftest import tiny_config
 import pytest
 from tensorboardX.proto import event_pb2
 
-from tokjax import checkpointing, evaluate, segment, train
+from tokjax import checkpointing, evaluate, inspection, segment, train
 from tokjax.data import shards
 from tokjax.errors import UserError
 from tokjax.metric_writers import MetricWriter, read_metrics
@@ -134,4 +134,4 @@ def test_url_without_its_filesystem_package_is_one_line_before_any_work(tmp_path
   with pytest.raises(UserError, match=f'needs the {package} package for {scheme}:// paths'):
     train.train(c)
   with pytest.raises(UserError, match=f'needs the {package} package'):
-    checkpointing.load_checkpoint(f'{scheme}://some-bucket/run')
+    inspection.load_checkpoint(f'{scheme}://some-bucket/run')

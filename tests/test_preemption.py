@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_resume import REPO, start_training, wait_for_train_step
 
-from tokjax import checkpointing, train
+from tokjax import checkpointing, inspection, train
 from tokjax.metric_writers import read_metrics
 
 SETTINGS = dict(
@@ -43,7 +43,7 @@ def _losses(workdir):
 
 def _assert_same_run(a, b):
   assert _losses(a) == _losses(b)
-  pa, pb = checkpointing.load_checkpoint(a).params, checkpointing.load_checkpoint(b).params
+  pa, pb = inspection.load_checkpoint(a).params, inspection.load_checkpoint(b).params
   for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 

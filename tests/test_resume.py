@@ -178,7 +178,7 @@ def test_resume_with_other_train_steps_is_refused_unless_the_schedule_is_extende
   the run, so it needs --extend_schedule, which says what the schedule becomes."""
   import shutil  # pylint: disable=g-import-not-at-top
 
-  from tokjax import checkpointing, trainer  # pylint: disable=g-import-not-at-top
+  from tokjax import inspection, trainer  # pylint: disable=g-import-not-at-top
   from tokjax.errors import UserError  # pylint: disable=g-import-not-at-top
 
   workdir = str(tmp_path / 'run')
@@ -200,7 +200,7 @@ def test_resume_with_other_train_steps_is_refused_unless_the_schedule_is_extende
   now = float(trainer.learning_rate_schedule(config.optim, 7)(6))
   assert 'decays by cosine to 0 at step 7 instead of step 6' in out, out
   assert f'at step 6 the rate goes from 0 to {now:.3g}' in out and now > 0, out
-  assert checkpointing.load_config(workdir)[0].train.steps == 7
+  assert inspection.load_config(workdir)[0].train.steps == 7
   steps = [r['step'] for r in read_metrics(os.path.join(workdir, 'metrics.jsonl'))]
   assert max(steps) == 7
   # The extended run is the run now: resuming it with its own steps is no change.

@@ -13,7 +13,7 @@ import sys
 from conftest import command_lines, tiny_flags
 from test_resume import REPO, start_training, wait_for_train_step
 
-from tokjax import checkpointing, train
+from tokjax import checkpointing, inspection, train
 from tokjax.metric_writers import read_metrics
 
 # Long enough to outlast the refused commands: the test stops it.
@@ -105,4 +105,4 @@ def test_a_failed_checkpoint_write_ends_the_run_in_one_line(tiny_run, tmp_path):
   assert sorted(os.listdir(ckpt)) == ['3', '6']  # No partial step 9 left behind.
   for step in (3, 6):
     assert checkpointing.step_problem(os.path.join(ckpt, str(step))) is None
-  assert checkpointing.load_checkpoint(workdir).step == 6
+  assert inspection.load_checkpoint(workdir).step == 6

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from test_decoding import fresh_model
 
-from tokjax import checkpointing, decoding, sample
+from tokjax import decoding, inspection, sample
 from tokjax.config import defaults as config_defaults
 from tokjax.errors import UserError
 
@@ -44,7 +44,7 @@ def test_cached_and_uncached_generation_agree(window, mode, temperature, top_k):
 
 
 def test_a_flat_checkpoint_generates_cached_as_its_forward(flat_run):
-  ckpt = checkpointing.load_checkpoint(flat_run)
+  ckpt = inspection.load_checkpoint(flat_run)
   assert ckpt.model.num_stages == 0
   args = (ckpt.model, ckpt.params, b'import os', 40, jax.random.PRNGKey(0), 'sample', 1.0, 0)
   cached, uncached = (sample.run_generation(*args, c) for c in (True, False))
@@ -59,7 +59,7 @@ def test_a_flat_checkpoint_generates_cached_as_its_forward(flat_run):
 
 
 def test_checkpoint_generation_and_bad_prompt(tiny_run):
-  ckpt = checkpointing.load_checkpoint(tiny_run)
+  ckpt = inspection.load_checkpoint(tiny_run)
   runs = [
       sample.run_generation(
           ckpt.model,

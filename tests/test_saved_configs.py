@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, evaluate, sample, segment, stages, train
+from tokjax import checkpointing, evaluate, inspection, sample, segment, stages, train
 from tokjax.config import saved as config_saved
 from tokjax.config import validation as config_validation
 from tokjax.errors import UserError
@@ -170,7 +170,7 @@ def test_segment_reads_an_old_run(commit, old_runs, segmented, tmp_path):
 def _generation_and_rescoring(run):
   """What `python -m tokjax.sample` and the ladder's rescoring (tokjax/lab/ladder.py `work`) do
   with a run folder."""
-  ckpt = checkpointing.load_checkpoint(run)
+  ckpt = inspection.load_checkpoint(run)
   args = (b'def f(x):', 12, jax.random.PRNGKey(0), 'greedy', 1.0, 0, True)
   text = sample.run_generation(ckpt.model, ckpt.params, *args)['text']
   scores = common.evaluate_documents(ckpt, [TEXT, TEXT[5:]], jax.random.PRNGKey(1))
@@ -222,7 +222,7 @@ def test_an_old_run_trains_on_with_an_extended_schedule(old_runs, tmp_path, caps
   out = capsys.readouterr().out
   assert 'resumed from step 6' in out and 'at step 7 instead of step 2' in out, out
   assert 'changed config' not in out
-  saved, _, step = checkpointing.load_config(run)
+  saved, _, step = inspection.load_config(run)
   assert step == 7 and saved.train.steps == 7 and saved.optim.policy_lr_factor == 1.0
 
 
@@ -242,7 +242,7 @@ def test_a_field_this_version_does_not_know_is_one_line(old_runs, tmp_path, caps
   saved['optim']['future_factor'] = 2.0
   run = with_config(old_runs[COMMITS[-1]], str(tmp_path / 'run'), saved)
   with pytest.raises(UserError) as e:
-    checkpointing.load_checkpoint(run)
+    inspection.load_checkpoint(run)
   msg = str(e.value)
   assert 'config.optim.future_factor is not a field of this version' in msg and '\n' not in msg
   assert 'train again' not in msg and 'warning' not in capsys.readouterr().out  # No fallback.
@@ -254,7 +254,7 @@ def test_a_saved_config_this_version_cannot_build_is_one_line(old_runs, tmp_path
   saved['boundary']['not_registered'] = {'bytes': '.'}
   run = with_config(old_runs[COMMITS[-1]], str(tmp_path / 'run'), saved)
   with pytest.raises(UserError) as e:
-    checkpointing.load_checkpoint(run)
+    inspection.load_checkpoint(run)
   msg = str(e.value)
   assert 'does not build a model in this version' in msg and 'not_registered' in msg, msg
   assert '\n' not in msg and 'train again' not in msg
@@ -265,4 +265,4 @@ def test_a_missing_field_reads_as_one_clean_line():
   with pytest.raises(KeyError) as e:
     ml_collections.ConfigDict({'min_lr_factor': 0.0})['policy_lr_factor']  # pylint: disable=expression-not-assigned
   assert '\\' in str(e.value)  # Its str is the repr of a two-line message, escapes and all.
-  assert checkpointing._reason(e.value) == "no field 'policy_lr_factor'"  # pylint: disable=protected-access
+  assert inspection._reason(e.value) == "no field 'policy_lr_factor'"  # pylint: disable=protected-access

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, losses, sharding, train
+from tokjax import checkpointing, inspection, losses, sharding, train
 from tokjax import trainer as trainer_lib
 from tokjax.data import pipeline
 from tokjax.errors import UserError
@@ -183,7 +183,7 @@ def test_command_line_overrides_reach_the_config(tmp_path):
       '--config.model.capacity=16',
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
-  config, _, step = checkpointing.load_config(workdir)
+  config, _, step = inspection.load_config(workdir)
   assert (config.model.d_model, config.data.seq_len, step) == (24, 32, 2)
   assert 'learned segmentation of held-out text' in proc.stdout
 

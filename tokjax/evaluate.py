@@ -25,7 +25,7 @@ The statistics and their exact definitions are `tokjax.evaluator`'s, the same co
 validation runs: with the same key and, by default, the saved config's eval.max_batches of val
 batches, `--split val` reproduces the trainer's own val bpb exactly (--max_batches=0: the whole
 split).
-The checkpoint is restored by `tokjax.checkpointing.load_checkpoint`: a damaged latest step is reported
+The checkpoint is restored by `tokjax.inspection.load_checkpoint`: a damaged latest step is reported
 and the previous one used, unless --step demands one.
 """
 
@@ -35,7 +35,7 @@ import os
 from absl import flags
 import numpy as np
 
-from tokjax import checkpointing, cli, evaluator, paths, significance, stages
+from tokjax import cli, evaluator, inspection, paths, significance, stages
 from tokjax.data import baselines, compression, pipeline
 from tokjax.errors import UserError
 
@@ -204,7 +204,7 @@ def run_evaluation(
   # A local path or URL prefix; checked before the work, not after it.
   out = os.fspath(paths.join(checkpoint, f'eval_{split}') if out is None else out)
   paths.check_writable(out, '--out', '.json')
-  ckpt = checkpointing.load_checkpoint(checkpoint, step)
+  ckpt = inspection.load_checkpoint(checkpoint, step)
   config = ckpt.config
   if max_batches is None:
     max_batches = config.eval.max_batches if split == 'val' else 0
@@ -224,7 +224,7 @@ def run_evaluation(
   modes = ckpt.evaluator.run(
       ckpt.params,
       docs,
-      checkpointing.eval_key(config),
+      inspection.eval_key(config),
       max_batches=max_batches or None,
       bpe_starts=starts,
   )
@@ -233,7 +233,7 @@ def run_evaluation(
   cut = ckpt.evaluator.run(
       ckpt.params,
       one_row_documents(docs, seq_len),
-      checkpointing.eval_key(config),
+      inspection.eval_key(config),
       max_batches=max_batches or None,
   )
   for mode, m in modes.items():

@@ -27,7 +27,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from tokjax import checkpointing, cli, decoding, tokenization
+from tokjax import cli, decoding, inspection, tokenization
 from tokjax.errors import UserError
 from tokjax.models import interface
 
@@ -131,8 +131,8 @@ def main(argv):
   if f.top_k < 0 or f.temperature < 0:
     raise UserError('--top_k and --temperature must not be negative.')
   # Before the model is built: a refused method needs no tokenizer or weights to say so.
-  decoding.check_causal(checkpointing.load_config(f.checkpoint)[0])
-  ckpt = checkpointing.load_checkpoint(f.checkpoint, f.step)
+  decoding.check_causal(inspection.load_config(f.checkpoint)[0])
+  ckpt = inspection.load_checkpoint(f.checkpoint, f.step)
   stages = interface.byte_levels(ckpt.model)
   header = 'flat model (no chunks)'
   if ckpt.model.num_stages:

@@ -28,7 +28,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from tokjax import checkpointing, cli, paths, tokenization
+from tokjax import cli, inspection, paths, tokenization
 from tokjax.errors import UserError
 
 
@@ -170,7 +170,7 @@ def segment_file(
   # A local path or URL prefix; checked before the work, not after it.
   out = os.fspath(paths.join(checkpoint, 'segment', os.path.basename(file)) if out is None else out)
   paths.check_writable(out, '--out', '.txt')
-  ckpt = checkpointing.load_checkpoint(checkpoint, step)
+  ckpt = inspection.load_checkpoint(checkpoint, step)
   config = ckpt.config
   if not ckpt.model.num_stages:
     raise UserError(

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from tokjax import checkpointing
+from tokjax import inspection
 from tokjax.data import BOS_ID
 from tokjax.errors import UserError
 from tokjax.lab import bos
@@ -36,7 +36,7 @@ def test_both_readings_score_the_same_bytes_after_the_same_text():
 
 
 def test_measure_pairs_the_readings_on_a_trained_checkpoint(tiny_run):
-  ckpt = checkpointing.load_checkpoint(tiny_run)
+  ckpt = inspection.load_checkpoint(tiny_run)
   length = ckpt.config.data.seq_len
   rng = np.random.default_rng(0)
   docs = [rng.integers(97, 123, 5 * length, dtype=np.uint8).tobytes() for _ in range(3)]

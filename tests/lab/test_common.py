@@ -9,12 +9,12 @@ from conftest import tiny_run_config
 import jax
 import numpy as np
 
-from tokjax import checkpointing
+from tokjax import inspection
 from tokjax.lab import common
 
 
 def _params(workdir, step):
-  return jax.device_get(checkpointing.load_checkpoint(workdir, step).params)
+  return jax.device_get(inspection.load_checkpoint(workdir, step).params)
 
 
 def test_a_stopped_run_resumes_from_its_checkpoint_and_ends_where_an_unstopped_one_does(

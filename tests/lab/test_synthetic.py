@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from tokjax import boundary_stats, checkpointing, losses, sharding, stages
+from tokjax import boundary_stats, inspection, losses, sharding, stages
 from tokjax import evaluator as evaluator_lib
 from tokjax import trainer as trainer_lib
 from tokjax.config import files as config_files
@@ -273,7 +273,7 @@ def test_phrase_config_applies_the_files_and_the_commands_overrides():
 
 def test_phrase_evaluation_writes_its_table(tiny_two_stage_run, tmp_path):
   # The session's trained two-stage run stands in for the experiment's (its training is the trainer's).
-  ckpt = checkpointing.load_checkpoint(tiny_two_stage_run[0])
+  ckpt = inspection.load_checkpoint(tiny_two_stage_run[0])
   n = ckpt.config.data.seq_len - 1
   texts = [d.text for d in synthetic.make_phrase_corpus(0, 0, 3, n)]
   key = jax.random.PRNGKey(0)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import tokjax
-from tokjax import checkpointing, metric_writers, paths
+from tokjax import checkpointing, inspection, metric_writers, paths
 from tokjax.errors import UserError
 from tokjax.export import mapping, spec
 
@@ -188,14 +188,14 @@ def export(checkpoint: str, out: str, step: int | None = None) -> dict:
   gate's differences."""
   require_torch()
   check_out(out)
-  mgr = checkpointing.inspection_manager(checkpoint)  # Not a run: one line.
+  mgr = inspection.inspection_manager(checkpoint)  # Not a run: one line.
   if step is not None and step not in mgr.all_steps():
     raise UserError(
         f'{checkpoint} has no checkpoint of step {step}; it has steps {sorted(mgr.all_steps())}.'
     )
   config = checkpointing.read_config(mgr, step if step is not None else mgr.latest_step())
   spec.check_exportable(config)  # Before restoring and compiling anything.
-  ckpt = checkpointing.load_checkpoint(checkpoint, step)
+  ckpt = inspection.load_checkpoint(checkpoint, step)
   fields = spec.hf_config(ckpt.config)
   state = torch_state(fields, ckpt.params)
   model_pt = torch_model(fields, state)

@@ -179,7 +179,7 @@ def import_export(folder: str, out: str) -> dict:
   'config'}."""
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
 
-  from tokjax import checkpointing  # pylint: disable=g-import-not-at-top
+  from tokjax import checkpointing, inspection  # pylint: disable=g-import-not-at-top
   from tokjax import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   from tokjax.data import pipeline  # pylint: disable=g-import-not-at-top
   from tokjax.export import exporter  # pylint: disable=g-import-not-at-top
@@ -193,7 +193,7 @@ def import_export(folder: str, out: str) -> dict:
   except Exception as e:  # pylint: disable=broad-except
     # safetensors raises its own error types for truncated or foreign files.
     raise _not_export(folder, f'its model.safetensors does not load: {e}') from None
-  trainer = trainer_lib.Trainer(config, checkpointing.inspection_mesh(config))
+  trainer = trainer_lib.Trainer(config, inspection.inspection_mesh(config))
   params = tokjax_params(trainer.abstract_state.params, tensors)
   state = fresh_state(trainer, params, step)
   data = pipeline.build_data(config)  # The corpus must be here: a resumed run reads it.

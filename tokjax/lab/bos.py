@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import checkpointing, cli, evaluator, significance
+from tokjax import cli, evaluator, inspection, significance
 from tokjax.data import BOS_ID, pipeline
 from tokjax.errors import UserError
 
@@ -95,7 +95,7 @@ def main(argv):
   f = flags.FLAGS
   if not f.checkpoint:
     raise UserError('--checkpoint is required: a run folder that tokjax.train wrote.')
-  ckpt = checkpointing.load_checkpoint(f.checkpoint)
+  ckpt = inspection.load_checkpoint(f.checkpoint)
   docs = pipeline.load_splits(ckpt.config.data, ckpt.config.data.corpus)[f.split]
   result = measure(ckpt, docs, jax.random.PRNGKey(f.seed), f.max_windows)
   result.update(checkpoint=f.checkpoint, split=f.split, seq_len=int(ckpt.config.data.seq_len))

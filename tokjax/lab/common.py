@@ -18,7 +18,7 @@ import time
 import jax
 import numpy as np
 
-from tokjax import checkpointing, models, significance, tokenization
+from tokjax import checkpointing, inspection, models, significance, tokenization
 from tokjax import train as train_lib
 from tokjax.config import files as config_files
 from tokjax.config import validation as config_validation
@@ -135,7 +135,7 @@ def _resumable(workdir: str, config) -> bool:
   saved (what train_or_load resumes)."""
   if finished_step(workdir) is None:
     return False
-  saved, _, _ = checkpointing.load_config(workdir)
+  saved, _, _ = inspection.load_config(workdir)
 
   def run_of(c):
     c = json.loads(c.to_json_best_effort(sort_keys=True))
@@ -207,7 +207,7 @@ def evaluate_splits(
   """Adds to result the run's per-document val/test numbers (split i with fold_in(key, i); with
   `references` and unit_bytes, see evaluate_documents), its parameter count and, for a chunking
   model, stage 0's greedy boundaries on the passage."""
-  ckpt = checkpointing.load_checkpoint(workdir)
+  ckpt = inspection.load_checkpoint(workdir)
   for i, split in enumerate(('val', 'test')):
     result[split] = evaluate_documents(
         ckpt,

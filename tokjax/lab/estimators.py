@@ -665,9 +665,9 @@ def main(argv):
     raise UserError('pass either --checkpoint or --config, not both.')
   if _CHECKPOINT.value or _CONFIG.value is not None:
     if _CHECKPOINT.value:
-      from tokjax import checkpointing  # pylint: disable=g-import-not-at-top
+      from tokjax import inspection  # pylint: disable=g-import-not-at-top
 
-      ckpt = checkpointing.load_checkpoint(_CHECKPOINT.value)
+      ckpt = inspection.load_checkpoint(_CHECKPOINT.value)
       config, params, name = ckpt.config, ckpt.params, 'checkpoint'
     else:
       config, params, name = _CONFIG.value, None, 'config'

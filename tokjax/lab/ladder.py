@@ -186,7 +186,7 @@ def _has_checkpoint(workdir: str) -> bool:
 
 def work(run_dir: str) -> dict:
   """Trains (or resumes) the run in run_dir and scores it; writes and returns result.json."""
-  from tokjax import checkpointing  # pylint: disable=g-import-not-at-top
+  from tokjax import inspection  # pylint: disable=g-import-not-at-top
   from tokjax import train as train_lib  # pylint: disable=g-import-not-at-top
 
   run, scoring = read_spec(run_dir)
@@ -216,7 +216,7 @@ def work(run_dir: str) -> dict:
     result.update(_training_summary(config, run_dir))
   if 'curve' not in result and os.path.exists(os.path.join(run_dir, 'metrics.jsonl')):
     result['curve'] = val_curve(os.path.join(run_dir, 'metrics.jsonl'))
-  ckpt = checkpointing.load_checkpoint(run_dir)
+  ckpt = inspection.load_checkpoint(run_dir)
   splits = _splits(config, run.corpus)
   key = _eval_key()
   if result.get('unit_bytes') != scoring.unit_bytes:

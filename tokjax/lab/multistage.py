@@ -32,7 +32,7 @@ import sys
 from absl import flags, logging
 import jax
 
-from tokjax import boundary_stats, checkpointing, cli, flops, significance, stages, tokenization
+from tokjax import boundary_stats, cli, flops, inspection, significance, stages, tokenization
 from tokjax.config import files as config_files
 from tokjax.config import presets
 from tokjax.data import corpora, pipeline
@@ -193,7 +193,7 @@ def run_one(run, config, out_dir, splits, key, eval_cap, passage, unit_bytes) ->
     common.save_result(out_dir, run, r)
   drawn = r['passage'].get('levels')
   if not isinstance(drawn, dict) or set(drawn) != set(PASSAGE_MODES):
-    shown, levels = passage_levels(checkpointing.load_checkpoint(workdir), passage, key)
+    shown, levels = passage_levels(inspection.load_checkpoint(workdir), passage, key)
     r['passage']['levels'] = {m: [[float(a) for a in x] for x in v] for m, v in levels.items()}
     r['passage']['rendered_levels'] = {m: tokenization.render(shown, v) for m, v in levels.items()}
     common.save_result(out_dir, run, r)

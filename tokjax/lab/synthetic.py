@@ -65,7 +65,7 @@ from absl import flags, logging
 import jax
 import numpy as np
 
-from tokjax import boundary_stats, checkpointing, cli, significance, stages, tokenization
+from tokjax import boundary_stats, cli, inspection, significance, stages, tokenization
 from tokjax import train as train_lib
 from tokjax.config import files as config_files
 from tokjax.config import validation as config_validation
@@ -488,7 +488,7 @@ def _set_run(c, corpus: str, seed: int, steps: int, eval_every: int) -> None:
 def evaluate_run(config, docs: list[Document], seed: int) -> list[dict]:
   """Evaluates every checkpoint of a finished run on the held-out docs: [{'step': s, ...metrics}]
   in step order."""
-  ckpt = checkpointing.load_checkpoint(config.train.workdir)
+  ckpt = inspection.load_checkpoint(config.train.workdir)
   key = jax.random.PRNGKey(seed + 1)
   ev = ckpt.evaluator
   rows = [dict(step=s, **evaluate_params(ev, ckpt.at(s).params, docs, key)) for s in ckpt.steps()]
@@ -728,7 +728,7 @@ def evaluate_phrase_run(workdir: str, texts, key, every_checkpoint: bool = True)
   """{'curve': [{'step', mode: phrase_summary}] over the run's checkpoints (or its last only),
   'final_cols': the last checkpoint's per-document columns, 'stage1_probs': its
   `stage1_probabilities`}: one compiled evaluator for all."""
-  ckpt = checkpointing.load_checkpoint(workdir)
+  ckpt = inspection.load_checkpoint(workdir)
   steps = ckpt.steps() if every_checkpoint else [ckpt.step]
   curve, cols = [], None
   for s in steps:

@@ -20,7 +20,7 @@ import jax
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from tokjax import checkpointing, decoding
+from tokjax import decoding, inspection
 from tokjax.errors import UserError
 from tokjax.lm_eval import scoring
 
@@ -68,7 +68,7 @@ class TokjaxLM(LM):
     batch = (
         8 if batch_size in (None, '', 'auto') or str(batch_size).startswith('auto') else batch_size
     )
-    self.ckpt = checkpointing.load_checkpoint(str(checkpoint), _int('step', step, None))
+    self.ckpt = inspection.load_checkpoint(str(checkpoint), _int('step', step, None))
     self.key = jax.random.PRNGKey(_int('seed', seed, 0))
     self.scorer = scoring.Scorer(
         self.ckpt,

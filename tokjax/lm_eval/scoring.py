@@ -108,7 +108,7 @@ def _text_key(key, text: bytes):
 
 
 class Scorer:
-  """Scores byte strings with a restored checkpoint (`tokjax.checkpointing.load_checkpoint`).
+  """Scores byte strings with a restored checkpoint (`tokjax.inspection.load_checkpoint`).
 
   mode: 'greedy' or 'sample' boundaries (a flat model has none: its one pass is used for both);
   draws: K, sample only; batch_size: rows per forward; overlap: context bytes of rolling windows after

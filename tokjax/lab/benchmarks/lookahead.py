@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tokjax import checkpointing, cli, models, sharding, stages
+from tokjax import cli, inspection, models, sharding, stages
 from tokjax import trainer as trainer_lib
 from tokjax.config import files as config_files
 from tokjax.data import pipeline
@@ -137,7 +137,7 @@ def main(argv):
     return
   key = jax.random.PRNGKey(0)
   if _RUN.value:
-    ckpt = checkpointing.load_checkpoint(_RUN.value)
+    ckpt = inspection.load_checkpoint(_RUN.value)
     c = ckpt.config.copy_and_resolve_references()
     c.data.corpus = _CORPUS.value
     method = stages.get(ckpt.config, 0).method
