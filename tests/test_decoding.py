@@ -124,8 +124,10 @@ def test_one_stage_generation_gives_the_training_forward_logits(
   model, params = one_stage
   prompt, lengths = _prompts()
   key, p = jax.random.PRNGKey(3), prompt.shape[1]
-  args = (model, params, prompt, key, 40, mode, temperature, top_k, cached)
-  gen = jax.device_get(decoding.generate(*args, lengths=lengths))
+  settings = {'mode': mode, 'temperature': temperature, 'top_k': top_k, 'cached': cached}
+  gen = jax.device_get(
+      decoding.generate(model, params, prompt, key, 40, **settings, lengths=lengths)
+  )
   levels = gen['actions'][:, None]
   out = training_forward(model, params, gen['tokens'], levels)
   _check(gen, levels, out, p)
@@ -146,8 +148,10 @@ def test_two_stage_generation_gives_the_training_forward_logits(
   assert model.num_stages == 2
   prompt, lengths = _prompts()
   key, p = jax.random.PRNGKey(3), prompt.shape[1]
-  args = (model, params, prompt, key, 40, mode, temperature, top_k, cached)
-  gen = jax.device_get(decoding.generate_stages(*args, lengths=lengths))
+  settings = {'mode': mode, 'temperature': temperature, 'top_k': top_k, 'cached': cached}
+  gen = jax.device_get(
+      decoding.generate_stages(model, params, prompt, key, 40, **settings, lengths=lengths)
+  )
   out = training_forward(model, params, gen['tokens'], gen['actions'])
   _check(gen, gen['actions'], out, p)
   if mode == 'greedy':
@@ -179,8 +183,8 @@ def greedy_after(model, params, buf: list[int], window: int) -> bytes:
       jnp.asarray([buf], jnp.int32),
       jax.random.PRNGKey(0),
       window - len(buf),
-      'greedy',
-      0.0,
+      mode='greedy',
+      temperature=0.0,
   )
   return bytes(np.asarray(out['tokens'])[0, len(buf) :].tolist())
 

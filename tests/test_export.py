@@ -639,7 +639,13 @@ def _generations(model, params, model_pt, num_bytes):
   )
   gen = decoding.generate if decoding.incremental_policy(model) else decoding.generate_stages
   ref = gen(
-      model, params, jax.numpy.asarray(prompt), jax.random.PRNGKey(0), num_bytes, 'greedy', 0.0
+      model,
+      params,
+      jax.numpy.asarray(prompt),
+      jax.random.PRNGKey(0),
+      num_bytes,
+      mode='greedy',
+      temperature=0.0,
   )
   ids = torch.from_numpy(prompt.astype(np.int64))
   kw = dict(max_new_tokens=num_bytes, min_new_tokens=num_bytes, do_sample=False)

@@ -114,7 +114,17 @@ def test_cached_generation_runs_the_scanned_stacks():
   model_s = models.build_model(scanned)
   prompt = decoding.encode_prompt(b'def f(x):', batch=1)
   gen = lambda m, p: jax.device_get(
-      decoding.generate(m, p, prompt, jax.random.PRNGKey(0), 8, 'sample', 1.0, 0, True)
+      decoding.generate(
+          m,
+          p,
+          prompt,
+          jax.random.PRNGKey(0),
+          8,
+          mode='sample',
+          temperature=1.0,
+          top_k=0,
+          cached=True,
+      )
   )
   a, b = gen(model_u, params), gen(model_s, layers.scan_params(params))
   np.testing.assert_allclose(a['logits'], b['logits'], atol=1e-5)
@@ -128,7 +138,7 @@ def test_blocked_attention_paths_equal_dense_attention():
   for window, splits in [(8, 1), (8, 2), (8, 4), (6, 4), (16, 2)]:
     np.testing.assert_allclose(
         jit_call(layers.local_causal_attention, q, k, v, window, splits),
-        jit_call(layers.full_causal_attention, q, k, v, pos, pos, None, window),
+        jit_call(layers.full_causal_attention, q, k, v, pos, pos, None, window=window),
         atol=1e-5,
     )
   valid = jnp.arange(45)[None, :] < jnp.array([[30], [7]])
@@ -140,10 +150,16 @@ def test_blocked_attention_paths_equal_dense_attention():
       rows = valid[..., None, None] if window else True
       np.testing.assert_allclose(
           jnp.where(
-              rows, jit_call(layers.sorted_causal_attention, q, k, v, ends, valid, window, block), 0
+              rows,
+              jit_call(
+                  layers.sorted_causal_attention, q, k, v, ends, valid, window=window, block=block
+              ),
+              0,
           ),
           jnp.where(
-              rows, jit_call(layers.full_causal_attention, q, k, v, ends, ends, valid, window), 0
+              rows,
+              jit_call(layers.full_causal_attention, q, k, v, ends, ends, valid, window=window),
+              0,
           ),
           atol=1e-5,
       )
@@ -159,14 +175,14 @@ def test_dot_product_attention_equals_blocked_attention():
         else jit_call(layers.full_causal_attention, q, k, v, pos, pos)
     )
     np.testing.assert_allclose(
-        jit_call(layers.dot_product_causal_attention, q, k, v, window), blocked, atol=1e-5
+        jit_call(layers.dot_product_causal_attention, q, k, v, window=window), blocked, atol=1e-5
     )
   # Chunk buffers: increasing positions, a prefix of valid slots, invalid slots at position L.
   num_keys = jnp.array([30, 7])
   valid = jnp.arange(45)[None, :] < num_keys[:, None]
   ends = jnp.where(valid, jnp.cumsum(jnp.array([[1, 3] * 23])[:, :45].repeat(2, 0), axis=1), 200)
   np.testing.assert_allclose(
-      jit_call(layers.dot_product_causal_attention, q, k, v, 0, num_keys),
+      jit_call(layers.dot_product_causal_attention, q, k, v, window=0, num_keys=num_keys),
       jit_call(layers.full_causal_attention, q, k, v, ends, ends, valid),
       atol=1e-5,
   )

@@ -300,11 +300,11 @@ def test_sample_num_bytes_beyond_memory_streams(lm):
       b'The module ',
       10**8,
       jax.random.PRNGKey(0),
-      'sample',
-      0.8,
-      40,
-      True,
-      lm.seq_len,
+      mode='sample',
+      temperature=0.8,
+      top_k=40,
+      cached=True,
+      window=lm.seq_len,
   )
   first = list(itertools.islice(steps, 3))
   sizes = [len(new) for new, _ in first]

@@ -26,7 +26,7 @@ def test_local_attention_equals_dense_windowed_attention():
   for window in (4, 8, 16):
     np.testing.assert_allclose(
         layers.local_causal_attention(q, k, v, window),
-        layers.full_causal_attention(q, k, v, pos, pos, None, window),
+        layers.full_causal_attention(q, k, v, pos, pos, None, window=window),
         atol=1e-5,
     )
 

@@ -617,7 +617,14 @@ def test_counterfactual_baselines_are_unbiased_and_measured_by_exact_enumeration
       batch = {'inputs': t[None], 'targets': y[None], 'mask': mask[:1]}
       return jax.grad(
           lambda v: losses.hierarchical_objective(
-              model, {**p, **unravel(v)}, batch, key, 0, objective_config, ('given',) * 2, (x0, x1)
+              model,
+              {**p, **unravel(v)},
+              batch,
+              key,
+              0,
+              cfg=objective_config,
+              mode=('given',) * 2,
+              actions=(x0, x1),
           )[0]
       )(flat)
 

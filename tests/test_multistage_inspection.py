@@ -128,7 +128,11 @@ def test_generation_draws_both_levels_as_one_forward_pass_would(ckpt):
   model, params = ckpt.model, ckpt.params
   prompt = decoding.encode_prompt(b'def f(x):\n', batch=2)
   key, n = jax.random.PRNGKey(0), 30
-  gen = jax.device_get(decoding.generate_stages(model, params, prompt, key, n, 'sample', 1.0, 0))
+  gen = jax.device_get(
+      decoding.generate_stages(
+          model, params, prompt, key, n, mode='sample', temperature=1.0, top_k=0
+      )
+  )
   tokens, actions = gen['tokens'], gen['actions']
   assert actions.shape == (2, 2, prompt.shape[1] + n)
   np.testing.assert_array_equal(tokens[:, : prompt.shape[1]], prompt)
@@ -145,14 +149,15 @@ def test_generation_draws_both_levels_as_one_forward_pass_would(ckpt):
   assert 0 < actions[:, 1, 1:].sum() < actions[:, 0, 1:].sum() < actions[:, 0, 1:].size
   # The boundary key matters: the agreement above is not vacuous.
   other = decoding.generate_stages(
-      model, params, prompt, jax.random.PRNGKey(1), n, 'sample', 1.0, 0
+      model, params, prompt, jax.random.PRNGKey(1), n, mode='sample', temperature=1.0, top_k=0
   )
   assert not np.array_equal(np.asarray(other['actions']), actions)
 
 
 def test_sample_command_path_on_a_two_stage_checkpoint(ckpt):
-  args = (ckpt.model, ckpt.params, b'import os', 20, jax.random.PRNGKey(0), 'sample', 0.8, 40)
-  res = sample.run_generation(*args, cached=False)
+  args = (ckpt.model, ckpt.params, b'import os', 20, jax.random.PRNGKey(0))
+  settings = {'mode': 'sample', 'temperature': 0.8, 'top_k': 40}
+  res = sample.run_generation(*args, **settings, cached=False)
   assert len(res['text']) == 29 and res['text'].startswith(b'import os')
   assert res['actions'].shape == (2, 29)
   assert res['marked'] == tokenization.render(res['text'], res['actions'])
@@ -160,5 +165,5 @@ def test_sample_command_path_on_a_two_stage_checkpoint(ckpt):
       '|', ''
   )
   # The cached path decides the same bytes and boundaries.
-  cached = sample.run_generation(*args, cached=True)
+  cached = sample.run_generation(*args, **settings, cached=True)
   assert cached['text'] == res['text'] and np.array_equal(cached['actions'], res['actions'])

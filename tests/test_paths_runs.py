@@ -75,7 +75,13 @@ def test_file_url_run_on_a_prepared_corpus_resumes_and_evaluates(tmp_path):
   assert sorted(checkpointing.manager(c.train.workdir).all_steps()) == [3, 6]
 
   report = evaluate.run_evaluation(
-      c.train.workdir, None, 'test', 'file://' + str(tmp_path / 'eval' / 'out'), 2, False, None
+      c.train.workdir,
+      corpus=None,
+      split='test',
+      out='file://' + str(tmp_path / 'eval' / 'out'),
+      max_batches=2,
+      bpe=False,
+      step=None,
   )
   assert report['step'] == 6 and report['checkpoint'] == local
   written = json.loads((tmp_path / 'eval' / 'out.json').read_text())

@@ -201,7 +201,7 @@ def test_every_causal_method_generates_cached_as_one_forward_pass_draws(method, 
     ent = entropy.next_byte_entropy(out.stages[0].early_logits)
     params = {**params, 'boundary': {'threshold': jnp.median(ent) / entropy.THRESHOLD_SCALE}}
   prompt, key = _text_tokens(0)[:, :12], jax.random.PRNGKey(4)
-  gen = jax.device_get(decoding.generate_stages(model, params, prompt, key, L - 13, 'sample'))
+  gen = jax.device_get(decoding.generate_stages(model, params, prompt, key, L - 13, mode='sample'))
   full = jnp.pad(gen['tokens'], ((0, 0), (0, 1)), constant_values=PAD_ID)
   out = jit_call(
       decoding.with_capacity(model, L).apply,

@@ -28,7 +28,15 @@ def test_cached_and_uncached_generation_agree(window, mode, temperature, top_k):
   n = 30  # Prompt + continuation (49 positions) spans several 8-byte windows of the byte layers.
   gen = lambda cached, seed: jax.device_get(
       decoding.generate(
-          model, params, prompt, jax.random.PRNGKey(seed), n, mode, temperature, top_k, cached
+          model,
+          params,
+          prompt,
+          jax.random.PRNGKey(seed),
+          n,
+          mode=mode,
+          temperature=temperature,
+          top_k=top_k,
+          cached=cached,
       )
   )
   a, b = gen(True, 0), gen(False, 0)
@@ -46,8 +54,9 @@ def test_cached_and_uncached_generation_agree(window, mode, temperature, top_k):
 def test_a_flat_checkpoint_generates_cached_as_its_forward(flat_run):
   ckpt = inspection.load_checkpoint(flat_run)
   assert ckpt.model.num_stages == 0
-  args = (ckpt.model, ckpt.params, b'import os', 40, jax.random.PRNGKey(0), 'sample', 1.0, 0)
-  cached, uncached = (sample.run_generation(*args, c) for c in (True, False))
+  args = (ckpt.model, ckpt.params, b'import os', 40, jax.random.PRNGKey(0))
+  settings = {'mode': 'sample', 'temperature': 1.0, 'top_k': 0}
+  cached, uncached = (sample.run_generation(*args, **settings, cached=c) for c in (True, False))
   assert cached['text'] == uncached['text'] and cached['text'].startswith(b'import os')
   assert cached['marked'] == cached['text'].decode('utf-8', errors='replace')  # No chunks.
   tokens = np.asarray(cached['out']['tokens'])
@@ -67,10 +76,10 @@ def test_checkpoint_generation_and_bad_prompt(tiny_run):
           b'import os',
           20,
           jax.random.PRNGKey(0),
-          'sample',
-          0.8,
-          40,
-          cached,
+          mode='sample',
+          temperature=0.8,
+          top_k=40,
+          cached=cached,
       )
       for cached in (True, False)
   ]

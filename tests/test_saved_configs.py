@@ -171,8 +171,10 @@ def _generation_and_rescoring(run):
   """What `python -m tokjax.sample` and the ladder's rescoring (tokjax/lab/ladder.py `work`) do
   with a run folder."""
   ckpt = inspection.load_checkpoint(run)
-  args = (b'def f(x):', 12, jax.random.PRNGKey(0), 'greedy', 1.0, 0, True)
-  text = sample.run_generation(ckpt.model, ckpt.params, *args)['text']
+  settings = {'mode': 'greedy', 'temperature': 1.0, 'top_k': 0, 'cached': True}
+  text = sample.run_generation(
+      ckpt.model, ckpt.params, b'def f(x):', 12, jax.random.PRNGKey(0), **settings
+  )['text']
   scores = common.evaluate_documents(ckpt, [TEXT, TEXT[5:]], jax.random.PRNGKey(1))
   return text, scores['bpb'], scores['rate']
 

@@ -63,7 +63,7 @@ def test_windows_leave_no_seams():
   assert overlap == 7
   text = TEXT[:300]
   actions, probs = tokenization.segment_text(
-      model, params, text, c.data.seq_len, jax.random.PRNGKey(0), 'greedy', overlap
+      model, params, text, c.data.seq_len, jax.random.PRNGKey(0), mode='greedy', overlap=overlap
   )
   long = jnp.asarray([[BOS_ID] + list(text) + [PAD_ID]], jnp.int32)
   big = decoding.with_capacity(model, long.shape[1])
@@ -76,7 +76,7 @@ def test_windows_leave_no_seams():
   assert 0 < actions.sum() < len(text)
   # Too little overlap does leave seams: the check above can fail.
   _, probs0 = tokenization.segment_text(
-      model, params, text, c.data.seq_len, jax.random.PRNGKey(0), 'greedy', 0
+      model, params, text, c.data.seq_len, jax.random.PRNGKey(0), mode='greedy', overlap=0
   )
   assert np.abs(probs0[0] - np.asarray(ref.probs[0, 1:-1])).max() > 1e-4
 
@@ -103,7 +103,7 @@ def test_later_windows_read_the_cut_text_without_bos():
   encoder a BOS before them would move every one."""
   _, model, params = _fresh_model(byte_window=0, seq_len=16)
   text, key = TEXT[:40], jax.random.PRNGKey(0)
-  _, probs = tokenization.segment_text(model, params, text, 16, key, 'greedy', overlap=3)
+  _, probs = tokenization.segment_text(model, params, text, 16, key, mode='greedy', overlap=3)
   run = lambda ids: np.asarray(
       jit_call(
           model.apply, {'params': params}, jnp.asarray([ids], jnp.int32), key, mode='greedy'
@@ -118,7 +118,7 @@ def test_later_windows_read_the_cut_text_without_bos():
 def test_greedy_is_deterministic_and_sampling_is_not():
   c, model, params = _fresh_model()
   run = lambda mode, seed: tokenization.segment_text(
-      model, params, TEXT, c.data.seq_len, jax.random.PRNGKey(seed), mode, 7
+      model, params, TEXT, c.data.seq_len, jax.random.PRNGKey(seed), mode=mode, overlap=7
   )[0]
   np.testing.assert_array_equal(run('greedy', 0), run('greedy', 1))
   assert not np.array_equal(run('sample', 0), run('sample', 1))

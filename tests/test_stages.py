@@ -188,3 +188,52 @@ def test_no_library_module_reads_a_stage_setting_from_the_config():
       for line, expression in _stage_reads(path.read_text())
   ]
   assert not found, found
+
+
+# The most positional parameters (self and cls not counted) a library function may take; settings
+# after the leading arguments go after a bare `*`.
+_MAX_POSITIONAL = 6
+
+# Signatures whose positional parameters a framework or a shared convention fixes, by (module path
+# under tokjax/, function name).
+_POSITIONAL_EXEMPT = {
+    # transformers instantiates configurations by its own conventions (from_dict, save/load).
+    ('export/configuration_tokjax.py', '__init__'): 'the transformers PretrainedConfig __init__',
+    # torch calls module(...) with the arguments given; transformers passes forward's by its names
+    # and positions (generate, the pipelines).
+    ('export/modeling_tokjax.py', 'forward'): 'torch nn.Module / transformers forward',
+    # Every boundary method shares __call__(h, key, mode, actions, tokens, early_logits, ...); the
+    # models call it with h and key positionally.
+    ('models/boundaries.py', '__call__'): "the boundary methods' shared call convention",
+}
+
+
+def _long_positional_signatures(source: str):
+  """(line, name, count) of each function taking more than _MAX_POSITIONAL positional parameters."""
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      names = [a.arg for a in node.args.posonlyargs + node.args.args]
+      if names[:1] in (['self'], ['cls']):
+        names = names[1:]
+      if len(names) > _MAX_POSITIONAL:
+        yield node.lineno, node.name, len(names)
+
+
+def test_no_library_function_takes_more_than_six_positional_parameters():
+  # The check itself counts positional parameters only, self aside.
+  snippet = (
+      'def f(a, b, c, d, e, f, g): pass\n'
+      'def g(a, b, c, d, e, f, *, g, h): pass\n'
+      'class C:\n  def m(self, a, b, c, d, e, f): pass\n'
+  )
+  assert list(_long_positional_signatures(snippet)) == [(1, 'f', 7)]
+  package = pathlib.Path(stages.__file__).parent
+  found = []
+  for path in sorted(package.rglob('*.py')):
+    rel = path.relative_to(package)
+    if 'lab' in rel.parts:  # The lab's scripts are not the library.
+      continue
+    for line, name, count in _long_positional_signatures(path.read_text()):
+      if (rel.as_posix(), name) not in _POSITIONAL_EXEMPT:
+        found.append(f'tokjax/{rel.as_posix()}:{line}: {name} takes {count} positional parameters')
+  assert not found, found

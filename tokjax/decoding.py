@@ -141,7 +141,7 @@ def policy_logit(policy, params, h, history):
   return policy.apply({'params': params}, hs, None, mode='given', actions=acts).logits[:, -1]
 
 
-def cached_step(model, params, caches, token, t, key, mode: str):
+def cached_step(model, params, caches, token, t, key, *, mode: str):
   """One position through the cached layers. token: int32[B], t: scalar int32 ->
   (caches, next-byte logits float32[B, V], a_t float32[B], policy logit float32[B])."""
   b = token.shape[0]
@@ -181,7 +181,7 @@ def cached_step(model, params, caches, token, t, key, mode: str):
   return caches, logits, a, logit
 
 
-def uncached_step(model, params, tokens, actions, t, key, mode: str):
+def uncached_step(model, params, tokens, actions, t, key, *, mode: str):
   """The whole model on the buffer tokens: int32[B, N] with decisions actions: float32[B, N] for
   positions < t -> (next-byte logits at t float32[B, V], a_t float32[B], policy logit float32[B]).
   """
@@ -219,6 +219,7 @@ def generate(
     prompt,
     key,
     num_bytes: int,
+    *,
     mode: str = 'sample',
     temperature: float = 1.0,
     top_k: int = 0,
@@ -243,9 +244,9 @@ def generate(
   def step(carry, t):
     tokens, actions, caches = carry
     if cached:
-      caches, logits, a, logit = cached_step(model, params, caches, tokens[:, t], t, key, mode)
+      caches, logits, a, logit = cached_step(model, params, caches, tokens[:, t], t, key, mode=mode)
     else:
-      logits, a, logit = uncached_step(model, params, tokens, actions, t, key, mode)
+      logits, a, logit = uncached_step(model, params, tokens, actions, t, key, mode=mode)
     _, k_byte = _step_keys(key, t)
     sampled = sample_byte(logits, k_byte, temperature, top_k)
     nxt = jnp.where(t + 1 < lengths, jnp.take(tokens, jnp.minimum(t + 1, n - 1), axis=1), sampled)
@@ -307,7 +308,7 @@ def _put(buf, i, value, live):
   return jnp.where(hit.reshape(hit.shape + (1,) * (buf.ndim - 2)), value[:, None], buf)
 
 
-def cached_stages_step(model, params, state, token, t, key, mode: str):
+def cached_stages_step(model, params, state, token, t, key, *, mode: str):
   """Byte t through every level's cached stacks (`init_stage_caches`; the flat model's one stack).
 
   token: int32[B], t: scalar int32 -> (state, next-byte logits float32[B, V], the chunk ends at t
@@ -409,6 +410,7 @@ def generate_stages(
     prompt,
     key,
     num_bytes: int,
+    *,
     mode: str = 'sample',
     temperature: float = 1.0,
     top_k: int = 0,
@@ -438,7 +440,9 @@ def generate_stages(
   def step(carry, t):
     tokens, actions, state = carry
     if cached:
-      state, logits, ends = cached_stages_step(model, params, state, tokens[:, t], t, k_bnd, mode)
+      state, logits, ends = cached_stages_step(
+          model, params, state, tokens[:, t], t, k_bnd, mode=mode
+      )
     else:
       logits, levels = stage_boundaries(model, params, tokens, k_bnd, mode)
       logits, ends = jnp.take(logits, t, axis=1), levels[:, :, t]
@@ -524,12 +528,21 @@ def slide(
       buf[j, : len(c)] = c
     lengths = jnp.asarray([len(c) for c in rows], jnp.int32)
     k = jax.random.fold_in(key, step)
-    args = (model, params, jnp.asarray(buf), k, 1, mode, temperature, top_k)
+    out = (generate if fast else generate_stages)(
+        model,
+        params,
+        jnp.asarray(buf),
+        k,
+        1,
+        mode=mode,
+        temperature=temperature,
+        top_k=top_k,
+        cached=cached,
+        lengths=lengths,
+    )
     if fast:
-      out = generate(*args, cached, lengths=lengths)
       actions = np.asarray(out['actions'])[:, None]
     else:
-      out = generate_stages(*args, cached, lengths=lengths)
       actions = np.asarray(out['actions'])
     tokens = np.asarray(out['tokens'])
     news = [(b'', np.zeros((actions.shape[1], 0), np.float32))] * len(texts)

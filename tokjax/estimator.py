@@ -172,7 +172,7 @@ def advantages_and_returns(r, mask, cfg, values=None):
 
 
 def score_function_terms(
-    ce_full, ce_early, bnd, mask, cfg, values=None, positions=None, target_rate=None
+    ce_full, ce_early, bnd, mask, cfg, *, values=None, positions=None, target_rate=None
 ):
   """The policy and rate losses of a boundary draw (and the critic's loss), and diagnostics.
 

@@ -185,6 +185,7 @@ def has_tokenizers() -> bool:
 
 def run_evaluation(
     checkpoint: str,
+    *,
     corpus: str | None = None,
     split: str = 'test',
     out: str | None = None,
@@ -288,7 +289,15 @@ def main(argv):
   f = flags.FLAGS
   if not f.checkpoint:
     raise UserError('--checkpoint is required: pass the run folder of a training run.')
-  report = run_evaluation(f.checkpoint, f.corpus, f.split, f.out, f.max_batches, f.bpe, f.step)
+  report = run_evaluation(
+      f.checkpoint,
+      corpus=f.corpus,
+      split=f.split,
+      out=f.out,
+      max_batches=f.max_batches,
+      bpe=f.bpe,
+      step=f.step,
+  )
   print(to_markdown(report))
   print('wrote', *report['paths'])
 

@@ -77,7 +77,7 @@ def counterfactual_stages(config) -> tuple[tuple[int, str], ...]:
   return tuple(out)
 
 
-def counterfactual_ce(model, params, tokens, targets, mask, out, key, s: int, kind: str):
+def counterfactual_ce(model, params, tokens, targets, mask, out, *, key, s: int, kind: str):
   """CE_cf of stage s: float32[B, L] nats (times mask), no gradient (the module docstring).
 
   tokens, targets, mask: [B, L] (every draw's rows); out: the training draw's `ModelOutput`, whose
@@ -113,7 +113,7 @@ def flat_objective(model, params, batch, key, step):
   return loss, ({'loss': loss, 'bpb': loss / LN2}, ce * mask)
 
 
-def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample', actions=None):
+def hierarchical_objective(model, params, batch, key, step, *, cfg, mode='sample', actions=None):
   """The paper's total loss for one batch with boundaries drawn by `mode` ('sample' in training).
 
   cfg: the full config: stage 0's estimator settings apply when it trains with the score function
@@ -154,7 +154,9 @@ def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample', 
   # Each stage's baseline CE: its early exit, or its counterfactual (one more forward pass each).
   ce_base = [ce_early] + ce_early_inner
   for s, kind in counterfactual_stages(cfg):
-    ce_base[s] = counterfactual_ce(model, params, inputs, targets, mask, out, key, s, kind)
+    ce_base[s] = counterfactual_ce(
+        model, params, inputs, targets, mask, out, key=key, s=s, kind=kind
+    )
     metrics[interface.stage_metric(s, 'bpb_counterfactual')] = masked_mean(ce_base[s], mask) / LN2
   if score_function:
     rl_loss, rl_metrics = estimator.score_function_terms(
@@ -175,7 +177,7 @@ def hierarchical_objective(model, params, batch, key, step, cfg, mode='sample', 
   return loss, (metrics, ce_full[: batch['mask'].shape[0]])
 
 
-def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask, ce_base=None):
+def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask, *, ce_base=None):
   """The losses and metrics of stage s >= 1 (`stage`: the model output's `StageOutput` s).
 
   ce_base: float32[B, L], the CE its reward is taken against (default ce_early, its early exit; its

@@ -38,6 +38,7 @@ def run_generation(
     prompt: bytes,
     num_bytes: int,
     key,
+    *,
     mode: str,
     temperature: float,
     top_k: int,
@@ -49,9 +50,9 @@ def run_generation(
   (bytes per second, compilation excluded)."""
   fn = decoding.generate if decoding.incremental_policy(model) else decoding.generate_stages
   tokens = decoding.encode_prompt(prompt)
-  args = (model, params, tokens, key, num_bytes, mode, temperature, top_k, cached)
+  settings = {'mode': mode, 'temperature': temperature, 'top_k': top_k, 'cached': cached}
   t0 = time.perf_counter()
-  compiled = fn.lower(*args).compile()
+  compiled = fn.lower(model, params, tokens, key, num_bytes, **settings).compile()
   t1 = time.perf_counter()
   out = jax.block_until_ready(compiled(params, tokens, key))
   t2 = time.perf_counter()
@@ -70,7 +71,7 @@ def run_generation(
 
 
 def stream_generation(
-    model, params, prompt: bytes, num_bytes: int, key, mode, temperature, top_k, cached, window
+    model, params, prompt: bytes, num_bytes: int, key, *, mode, temperature, top_k, cached, window
 ):
   """`decoding.slide` for one prompt: yields (new bytes, their boundaries float32[S, n]) step by step,
   with buffers of at most `window` positions, so any num_bytes runs in memory O(window)."""
@@ -140,7 +141,8 @@ def main(argv):
   total = len(prompt) + 1 + f.num_bytes
   seq_len = ckpt.config.data.seq_len
   key = jax.random.PRNGKey(f.seed)
-  args = (ckpt.model, ckpt.params, prompt, f.num_bytes, key, f.boundaries, f.temperature, f.top_k)
+  args = (ckpt.model, ckpt.params, prompt, f.num_bytes, key)
+  settings = {'mode': f.boundaries, 'temperature': f.temperature, 'top_k': f.top_k}
   if total > seq_len:
     if f.compare:
       raise UserError(
@@ -154,7 +156,7 @@ def main(argv):
     print(f'--- {header} ---')
     print(prompt.decode('utf-8', errors='replace'), end='', flush=True)
     t0, made = time.perf_counter(), 0
-    for new, actions in stream_generation(*args, not f.no_cache, seq_len):
+    for new, actions in stream_generation(*args, **settings, cached=not f.no_cache, window=seq_len):
       made += len(new)
       print(tokenization.render(new, actions, terminal=True), end='', flush=True)
     seconds = time.perf_counter() - t0
@@ -163,7 +165,7 @@ def main(argv):
   paths = [True, False] if f.compare else [not f.no_cache]
   runs = {}
   for cached in paths:
-    runs[cached] = run_generation(*args, cached)
+    runs[cached] = run_generation(*args, **settings, cached=cached)
   res = runs[paths[0]]
   print(f'--- {header}; prompt: {len(prompt)} bytes ---')
   print(tokenization.render(res['text'], res['actions'], terminal=True))

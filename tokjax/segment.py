@@ -155,6 +155,7 @@ def segment_file(
     checkpoint: str,
     file: str,
     out: str | None = None,
+    *,
     mode: str = 'greedy',
     delimiter: str = '|',
     seed: int = 0,
@@ -179,7 +180,13 @@ def segment_file(
     )
   overlap = tokenization.window_overlap(config)
   actions, probs = tokenization.segment_text(
-      ckpt.model, ckpt.params, text, config.data.seq_len, jax.random.PRNGKey(seed), mode, overlap
+      ckpt.model,
+      ckpt.params,
+      text,
+      config.data.seq_len,
+      jax.random.PRNGKey(seed),
+      mode=mode,
+      overlap=overlap,
   )
   by_level = [tokenization.chunk_offsets(actions, s) for s in range(len(actions))]
   offsets = by_level[0]
@@ -241,7 +248,16 @@ def main(argv):
   f = flags.FLAGS
   if not f.checkpoint or not f.file:
     raise UserError('usage: python -m tokjax.segment --checkpoint DIR FILE [--out PREFIX].')
-  res = segment_file(f.checkpoint, f.file, f.out, f.mode, f.delimiter, f.seed, f.png_bytes, f.step)
+  res = segment_file(
+      f.checkpoint,
+      f.file,
+      f.out,
+      mode=f.mode,
+      delimiter=f.delimiter,
+      seed=f.seed,
+      png_bytes=f.png_bytes,
+      step=f.step,
+  )
   n, by_level = len(res['text']), res['offsets_by_level']
   count = (
       lambda offsets: f'{len(offsets)} chunks over {n} bytes ({n / max(len(offsets), 1):.2f} bytes'

@@ -183,6 +183,7 @@ def segment_text(
     text: bytes,
     seq_len: int,
     key,
+    *,
     mode: str = 'greedy',
     overlap: int = 0,
     batch_size: int = 16,

@@ -447,7 +447,15 @@ def resume_command() -> str:
 
 
 def initial_state(
-    config, trainer, data, mgr, key, resume: bool, step: int | None, extend_schedule: bool = False
+    config,
+    trainer,
+    data,
+    mgr,
+    key,
+    *,
+    resume: bool,
+    step: int | None,
+    extend_schedule: bool = False,
 ):
   """(state, restored: bool): the restored checkpoint with resume (dropping newer steps), else a
   fresh init. Refuses to start fresh over a run's metrics without a checkpoint, and a changed
@@ -517,7 +525,14 @@ def _train(config, resume: bool, step: int | None, extend_schedule: bool) -> dic
   mgr = checkpointing.manager(config.train.workdir, config.train.keep_checkpoints)
   init_key, train_key, eval_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
   state, restored = initial_state(
-      config, trainer, data, mgr, init_key, resume, step, extend_schedule
+      config,
+      trainer,
+      data,
+      mgr,
+      init_key,
+      resume=resume,
+      step=step,
+      extend_schedule=extend_schedule,
   )
   total, start = config.train.steps, int(state.step)
   if start >= total:
@@ -527,7 +542,17 @@ def _train(config, resume: bool, step: int | None, extend_schedule: bool) -> dic
   status = RunStatus(config.train.workdir, start, start if restored else None)
   status.write('running')
   try:
-    state, val = _loop(config, trainer, data, mgr, state, report, status, train_key, eval_key)
+    state, val = _loop(
+        config,
+        trainer,
+        data,
+        mgr,
+        state,
+        report=report,
+        status=status,
+        train_key=train_key,
+        eval_key=eval_key,
+    )
   except checkpointing.SaveFailed as e:
     status.end('failed')
     advice = (
@@ -549,7 +574,7 @@ def _train(config, resume: bool, step: int | None, extend_schedule: bool) -> dic
   return val
 
 
-def _loop(config, trainer, data, mgr, state, report, status, train_key, eval_key):
+def _loop(config, trainer, data, mgr, state, *, report, status, train_key, eval_key):
   """The training steps from state.step to config.train.steps: (final state, last val metrics)."""
   total, start = config.train.steps, int(state.step)
   evaluator, val, bad_at_start = evaluator_lib.Evaluator(trainer), {}, int(state.nonfinite)

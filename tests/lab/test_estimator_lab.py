@@ -173,7 +173,7 @@ def test_training_objective_with_the_new_baselines(baseline):
   ]
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 256)
   batch = {'inputs': tokens, 'targets': jnp.roll(tokens, -1, 1), 'mask': jnp.ones((2, 16))}
-  obj = lambda p: losses.hierarchical_objective(model, p, batch, jax.random.PRNGKey(2), 0, c)
+  obj = lambda p: losses.hierarchical_objective(model, p, batch, jax.random.PRNGKey(2), 0, cfg=c)
   (loss, (metrics, ce)), grads = jax.jit(jax.value_and_grad(obj, has_aux=True))(params)
   assert ce.shape == (2, 16) and np.isfinite(float(loss))
   if baseline == 'value':

@@ -809,7 +809,7 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     for i in range(l):
       pos = torch.full((b, 1), cache.length, dtype=torch.long, device=tokens.device)
       h = self.encoder(self.embed(tokens[:, i : i + 1]), pos, None, cache.encoder)
-      y = self._cached_stage(0, h, pos, live, cache, tokens[:, i], self.early_head(h))
+      y = self._cached_stage(0, h, pos, live, cache, tokens[:, i], early_logits=self.early_head(h))
       logits.append(self.head(self.decoder(y, pos, None, cache.decoder)))
       cache.length += 1
     return torch.cat(logits, dim=1)
@@ -822,11 +822,11 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     positions = torch.arange(l, device=tokens.device).expand(b, l)
     h = self.encoder(self.embed(tokens), positions, None, cache.encoder)
     valid = torch.ones_like(positions, dtype=torch.bool)
-    y = self._prompt_stage(0, h, positions, valid, cache, tokens, self.early_head(h))
+    y = self._prompt_stage(0, h, positions, valid, cache, tokens, early_logits=self.early_head(h))
     cache.length = l
     return self.head(self.decoder(y, positions, None, cache.decoder))
 
-  def _prompt_stage(self, s, x, positions, valid, cache, tokens, early_logits):
+  def _prompt_stage(self, s, x, positions, valid, cache, tokens, *, early_logits):
     """Stage s over its whole input x: [B, N, D] (valid: bool[B, N], the positions that exist,
     first; tokens: int[B, N] the byte each ends on; early_logits: stage 0's, else None) -> what the
     level below reads at each position, as `_cached_stage` one at a time."""
@@ -857,7 +857,9 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     chunk_tokens = torch.where(chunk_valid, torch.gather(tokens, 1, at), PAD_ID)
     if s + 1 < self.num_stages:
       inner = self.inner_encoders[s](chunks, chunk_pos, chunk_valid, cache.inner_encoders[s])
-      out = self._prompt_stage(s + 1, inner, chunk_pos, chunk_valid, cache, chunk_tokens, None)
+      out = self._prompt_stage(
+          s + 1, inner, chunk_pos, chunk_valid, cache, chunk_tokens, early_logits=None
+      )
     else:
       out = self.main(chunks, chunk_pos, chunk_valid, cache.main)
     if bnd.ema is not None:
@@ -892,7 +894,7 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     take = lambda v: None if v is None else torch.gather(v, 1, at)[:, 0]
     return take(bnd.actions) * live, take(bnd.gate), take(bnd.ema)
 
-  def _cached_stage(self, s, x, pos, live, cache, token, early_logits):
+  def _cached_stage(self, s, x, pos, live, cache, token, *, early_logits):
     """Stage s at one position whose input x: [B, 1, D] exists in rows `live` (bool[B]: stage s - 1
     closed a chunk there; token: int[B], the byte it ends on; early_logits: stage 0's at it) -> the
     state the level below reads there: x plus the output of the latest chunk complete at it (H-Net's
@@ -918,7 +920,7 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     close = a > 0.5
     if s + 1 < self.num_stages:
       inner = self.inner_encoders[s](x, pos, close[:, None], cache.inner_encoders[s])
-      out = self._cached_stage(s + 1, inner, pos, close, cache, token, None)
+      out = self._cached_stage(s + 1, inner, pos, close, cache, token, early_logits=None)
     else:
       out = self.main(x, pos, close[:, None], cache.main)
     if p is not None:  # zbar_j = P_j z_j + (1 - P_j) zbar_{j-1}.

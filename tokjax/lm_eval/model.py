@@ -46,6 +46,7 @@ class TokjaxLM(LM):
   def __init__(
       self,
       checkpoint=None,
+      *,
       step=None,
       boundaries='greedy',
       draws=1,

@@ -78,7 +78,7 @@ def _softmax_attend(q, k, v, mask):
   return jnp.einsum('...hqs,...shk->...qhk', probs, v)
 
 
-def full_causal_attention(q, k, v, q_pos, k_pos, key_valid=None, window: int = 0):
+def full_causal_attention(q, k, v, q_pos, k_pos, key_valid=None, *, window: int = 0):
   """Dense causal attention over explicit positions (byte positions of chunks, for instance).
 
   q: [B, Q, H, K], k/v: [B, S, H, K], q_pos: [B, Q], k_pos: [B, S], key_valid: bool[B, S] or None.
@@ -123,7 +123,9 @@ def local_causal_attention(q, k, v, window: int, splits: int = 2):
   return out.reshape(b, n * size, h, d)[:, :l]
 
 
-def sorted_causal_attention(q, k, v, positions, key_valid=None, window: int = 0, block: int = 64):
+def sorted_causal_attention(
+    q, k, v, positions, key_valid=None, *, window: int = 0, block: int = 64
+):
   """`full_causal_attention` for self-attention whose keys are in position order, valid ones first
   (byte positions 0..L-1, `chunking.downsample`'s buffer). Key slot j > i is then never seen by query
   i, so queries go in blocks of `block` and block m reads only the first (m + 1) * block keys:
@@ -146,14 +148,14 @@ def sorted_causal_attention(q, k, v, positions, key_valid=None, window: int = 0,
             positions[:, start:stop],
             positions[:, kv],
             None if key_valid is None else key_valid[:, kv],
-            window,
+            window=window,
         )
     )
   return jnp.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
 
 
 def dot_product_causal_attention(
-    q, k, v, window: int = 0, num_keys=None, implementation=None, positions=None
+    q, k, v, *, window: int = 0, num_keys=None, implementation=None, positions=None
 ):
   """Causal attention through `jax.nn.dot_product_attention`: the same as the blocked path.
 
@@ -236,7 +238,7 @@ class Attention(nn.Module):
     if cache is not None:
       cache = _write_cache(cache, k, v, positions, slot[:, None], write)
       out = full_causal_attention(
-          q, cache['k'], cache['v'], positions, cache['pos'], cache['valid'], self.window
+          q, cache['k'], cache['v'], positions, cache['pos'], cache['valid'], window=self.window
       )
     elif self.attention != 'blocked':
       impl = 'cudnn' if self.attention == 'cudnn' else None
@@ -245,14 +247,16 @@ class Attention(nn.Module):
       # key_valid) run at positions 0..L-1, where slots are bytes.
       num_keys = None if key_valid is None else jnp.sum(key_valid, axis=-1)
       at = None if key_valid is None else positions
-      out = dot_product_causal_attention(q, k, v, self.window, num_keys, impl, at)
+      out = dot_product_causal_attention(
+          q, k, v, window=self.window, num_keys=num_keys, implementation=impl, positions=at
+      )
     # Byte layers run at positions 0..L-1 with no padding inside a row, which block-local attention
     # relies on; anything else (chunks, short sequences) takes the dense path, whose keys are in
     # position order with the valid ones first (what sorted_causal_attention relies on).
     elif self.window > 0 and key_valid is None and x.shape[1] > 2 * self.window:
       out = local_causal_attention(q, k, v, self.window)
     else:
-      out = sorted_causal_attention(q, k, v, positions, key_valid, self.window)
+      out = sorted_causal_attention(q, k, v, positions, key_valid, window=self.window)
     w_out = Kernel((self.num_heads, head_dim, d), d**-0.5, ('heads', 'kv', 'embed'), name='out')()
     out = jnp.einsum('blhk,hkd->bld', out, w_out.astype(self.dtype))
     return out if cache is None else (out, cache)

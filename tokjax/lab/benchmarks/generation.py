@@ -97,10 +97,11 @@ def measure(config, num_bytes: int, batch: int, prompt_bytes: int, repeats: int)
   ).astype(np.int32)
   key = jax.random.PRNGKey(1)
   gen = decoding.generate if decoding.incremental_policy(model) else decoding.generate_stages
-  args = (model, params, jnp.asarray(prompt), key, num_bytes, 'greedy', 0.0, 0)
+  args = (model, params, jnp.asarray(prompt), key, num_bytes)
 
   def run_jax(cached):
-    run = lambda: jax.block_until_ready(gen(*args, cached)['tokens'])
+    settings = {'mode': 'greedy', 'temperature': 0.0, 'top_k': 0, 'cached': cached}
+    run = lambda: jax.block_until_ready(gen(*args, **settings)['tokens'])
     run()  # Compiles.
     return run
 

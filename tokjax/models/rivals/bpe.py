@@ -170,6 +170,7 @@ def fit_tokenizer(
     train_docs,
     eval_docs,
     target_rate: float,
+    *,
     lo: int = 260,
     hi: int = 65536,
     pretokenize='words',
