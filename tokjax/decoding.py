@@ -302,12 +302,6 @@ def init_stage_caches(model, batch: int, total: int) -> dict:
   }
 
 
-def _put(buf, i, value, live):
-  """buf: [B, T, ...] with value: [B, ...] written at position i: int32[B] where live: bool[B]."""
-  hit = (jnp.arange(buf.shape[1])[None, :] == i[:, None]) & live[:, None]
-  return jnp.where(hit.reshape(hit.shape + (1,) * (buf.ndim - 2)), value[:, None], buf)
-
-
 def cached_stages_step(model, params, state, token, t, key, *, mode: str):
   """Byte t through every level's cached stacks (`init_stage_caches`; the flat model's one stack).
 
@@ -350,10 +344,10 @@ def cached_stages_step(model, params, state, token, t, key, *, mode: str):
       i = st['count']  # The new position's index at level s (t at level 0).
       slot = i % _slots(m.levels[0].window, total) if s == 0 else i
       x, enc = m.level_module('encoder', s)(x_in, position, None, st['encoder'], slot, live)
-      st['x'] = _put(st['x'], i, x[:, 0], live)
-      st['tokens'] = _put(st['tokens'], i, token, live)
+      st['x'] = layers.write_rows(st['x'], i, x[:, 0], live)
+      st['tokens'] = layers.write_rows(st['tokens'], i, token, live)
       if s == 0:
-        early = _put(early, i, m.early_head(x)[:, 0], live)
+        early = layers.write_rows(early, i, m.early_head(x)[:, 0], live)
       bnd = m.level_module('boundary', s)(
           st['x'],
           key if s == 0 else jax.random.fold_in(key, s),

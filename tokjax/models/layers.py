@@ -186,17 +186,23 @@ def dot_product_causal_attention(
 ATTENTION_IMPLS = ('blocked', 'dot_product', 'cudnn')
 
 
+def write_rows(buf, index, value, write):
+  """buf: [B, T, ...] with value: [B, ...] written at index: int32[B] in each row where write: bool[B].
+
+  A scatter of one slot per row (a row that does not write aims past the end, which drops it): in a
+  decoding loop it updates the buffer in place, where a select would rewrite every slot.
+  """
+  at = jnp.where(write, index, buf.shape[1])
+  return buf.at[jnp.arange(buf.shape[0]), at].set(value, mode='drop')
+
+
 def _write_cache(cache, k, v, positions, slot, write):
   """The cache with the new positions' keys/values written at `slot` where `write` is true.
 
   cache: {k, v: [B, S, H, K], pos: int32[B, S], valid: bool[B, S]}; k/v: [B, Q, H, K] of which only
   Q = 1 is supported; positions, slot: int32[B, 1]; write: bool[B].
   """
-  # A scatter of one slot per row (a row that does not write aims past the end, which drops it):
-  # in a decoding loop it updates the cache in place, where a select would rewrite every slot.
-  rows = jnp.arange(k.shape[0])
-  at = jnp.where(write, slot[:, 0], cache['pos'].shape[1])
-  put = lambda x, value: x.at[rows, at].set(value, mode='drop')
+  put = lambda x, value: write_rows(x, slot[:, 0], value, write)
   return {
       'k': put(cache['k'], k[:, 0]),
       'v': put(cache['v'], v[:, 0]),
