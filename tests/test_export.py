@@ -637,7 +637,7 @@ def _generations(model, params, model_pt, num_bytes):
   prompt = np.asarray(
       [[BOS_ID, *b'def main(x):\n  return'], [BOS_ID, *b'The cat sat on a mat.']], np.int32
   )
-  gen = decoding.generate if decoding.incremental_policy(model) else decoding.generate_stages
+  gen = decoding.generation_fn(model)
   ref = gen(
       model,
       params,

@@ -453,6 +453,12 @@ def generate_stages(
   return {'tokens': tokens[:, :n], 'actions': actions, 'logits': logits}
 
 
+def generation_fn(model):
+  """What generates from model: `generate` for one stage of the learned policy
+  (`incremental_policy`), `generate_stages` for every other model; both take the same arguments."""
+  return generate if incremental_policy(model) else generate_stages
+
+
 def buffer_length(needed: int, window: int, smallest: int = 64) -> int:
   """The static buffer of a sliding step: the smallest power of two >= needed (at least `smallest`),
   at most window."""
@@ -498,7 +504,7 @@ def slide(
         f'a window of {window} positions leaves no room to slide (a step needs context, BOS and a '
         'new byte); generate with a model trained at data.seq_len >= 3.'
     )
-  fast = incremental_policy(model)
+  gen = generation_fn(model)
   keep = window // 2
   first_keep = window - 1 - min(max_bytes, window - 1 - keep)
   texts = [bytes(p)[-window:] for p in prompts]
@@ -522,7 +528,7 @@ def slide(
       buf[j, : len(c)] = c
     lengths = jnp.asarray([len(c) for c in rows], jnp.int32)
     k = jax.random.fold_in(key, step)
-    out = (generate if fast else generate_stages)(
+    out = gen(
         model,
         params,
         jnp.asarray(buf),
@@ -534,10 +540,9 @@ def slide(
         cached=cached,
         lengths=lengths,
     )
-    if fast:
-      actions = np.asarray(out['actions'])[:, None]
-    else:
-      actions = np.asarray(out['actions'])
+    actions = np.asarray(out['actions'])
+    if actions.ndim == 2:  # `generate`'s one level: [B, N] -> [B, 1, N].
+      actions = actions[:, None]
     tokens = np.asarray(out['tokens'])
     news = [(b'', np.zeros((actions.shape[1], 0), np.float32))] * len(texts)
     for j, i in enumerate(live):

@@ -44,11 +44,11 @@ def run_generation(
     top_k: int,
     cached: bool,
 ) -> dict:
-  """Compiles and runs `decoding.generate` (`decoding.generate_stages` for every model but one stage
-  of the learned policy, `decoding.incremental_policy`) once; returns its outputs, the text, its
+  """Compiles and runs `decoding.generation_fn(model)` (`decoding.generate` for one stage of the
+  learned policy, `decoding.generate_stages` for every other model) once; returns its outputs, the text, its
   boundaries 'actions' float32[S, n] (every level on bytes), the chunk-marked text and the speed
   (bytes per second, compilation excluded)."""
-  fn = decoding.generate if decoding.incremental_policy(model) else decoding.generate_stages
+  fn = decoding.generation_fn(model)
   tokens = decoding.encode_prompt(prompt)
   settings = {'mode': mode, 'temperature': temperature, 'top_k': top_k, 'cached': cached}
   t0 = time.perf_counter()

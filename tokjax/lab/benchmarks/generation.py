@@ -96,7 +96,7 @@ def measure(config, num_bytes: int, batch: int, prompt_bytes: int, repeats: int)
       [np.full((batch, 1), BOS_ID), rng.integers(97, 123, (batch, prompt_bytes))], axis=1
   ).astype(np.int32)
   key = jax.random.PRNGKey(1)
-  gen = decoding.generate if decoding.incremental_policy(model) else decoding.generate_stages
+  gen = decoding.generation_fn(model)
   args = (model, params, jnp.asarray(prompt), key, num_bytes)
 
   def run_jax(cached):
