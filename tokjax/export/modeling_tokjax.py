@@ -515,6 +515,20 @@ def ema_chunks(chunk_out, probs, ends):
   return torch.stack(out, dim=1)
 
 
+def _greedy_with_spare(method, x, tokens, early_logits) -> Boundaries:
+  """A boundary method's greedy decisions over a stage's N positions so far (x: [B, N, D], tokens:
+  int[B, N], early_logits: [B, N, V] or None) and one spare position after them, which takes the
+  convention's forced last boundary, so the last real decision is the method's; no capacity limit.
+  -> `Boundaries` over N + 1 positions."""
+  return method(
+      F.pad(x, (0, 0, 0, 1)),
+      'greedy',
+      tokens=F.pad(tokens, (0, 1), value=PAD_ID),
+      early_logits=None if early_logits is None else F.pad(early_logits, (0, 0, 0, 1)),
+      capacity=x.shape[1] + 1,
+  )
+
+
 def _put(buf, index, value, live, fill):
   """buf: [B, N, ...] (None: empty) with value: [B, ...] at index[b] in each live row (bool[B]),
   grown by slots of `fill` where a row needs one more."""
@@ -832,14 +846,7 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     level below reads at each position, as `_cached_stage` one at a time."""
     method = self.boundary if s == 0 else self.inner_boundaries[s - 1]
     n = x.shape[1]
-    # A spare slot takes the convention's forced last boundary: the last real one is decided.
-    bnd = method(
-        F.pad(x, (0, 0, 0, 1)),
-        'greedy',
-        tokens=F.pad(tokens, (0, 1), value=PAD_ID),
-        early_logits=None if early_logits is None else F.pad(early_logits, (0, 0, 0, 1)),
-        capacity=n + 1,
-    )
+    bnd = _greedy_with_spare(method, x, tokens, early_logits)
     actions = bnd.actions[:, :n] * valid
     st = cache.stage(s, x[:, :1])
     count = valid.long().sum(-1)
@@ -883,13 +890,8 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     if early_logits is not None:
       st['early_logits'] = _put(st['early_logits'], seen, early_logits[:, 0], live, 0.0)
     n = st['x'].shape[1]
-    bnd = method(
-        F.pad(st['x'], (0, 0, 0, 1)),
-        'greedy',
-        tokens=F.pad(st['tokens'], (0, 1), value=PAD_ID),
-        early_logits=None if early_logits is None else F.pad(st['early_logits'], (0, 0, 0, 1)),
-        capacity=n + 1,
-    )
+    early = None if early_logits is None else st['early_logits']
+    bnd = _greedy_with_spare(method, st['x'], st['tokens'], early)
     at = seen.clamp(max=n - 1)[:, None]
     take = lambda v: None if v is None else torch.gather(v, 1, at)[:, 0]
     return take(bnd.actions) * live, take(bnd.gate), take(bnd.ema)
