@@ -67,7 +67,7 @@ def save(mgr, step: int, state, data_iterator, config) -> None:
     items['data'] = grain.checkpoint.CheckpointSave(data_iterator)
   last = mgr.latest_step()  # Orbax deletes old steps only after a save completes.
   held, hooks = _HeldLogs(), (sys.unraisablehook, sys.excepthook)
-  _ignore_abandoned_io()
+  ignore_abandoned_io()
   failed_writes = _FailedWriteLogs()
   logging.getLogger('asyncio').addFilter(failed_writes)
   with held:
@@ -160,7 +160,7 @@ def _abandoned(exc) -> bool:
   return any(isinstance(exc, t) and text in str(exc) for t, text in _ABANDONED)
 
 
-def _ignore_abandoned_io() -> None:
+def ignore_abandoned_io() -> None:
   """When one write fails, orbax leaves its other writes' coroutines pending on an event loop it
   has closed: each reports 'Event loop is closed' when its write ends (during the save or after
   it), and again when the interpreter exits; a restore that fails on one array leaves its other
@@ -205,7 +205,7 @@ def step_problem(step_dir, items=('state', 'config')) -> str | None:
   return None
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
   text = str(e).strip().splitlines()
   return f'{type(e).__name__}: {text[0][:200]}' if text else type(e).__name__
 
@@ -215,9 +215,9 @@ def _load_item(mgr, step: int, item: str, args):
   try:
     return getattr(mgr.restore(step, args=ocp.args.Composite(**{item: args})), item)
   except Exception as e:  # pylint: disable=broad-except
-    _ignore_abandoned_io()
+    ignore_abandoned_io()
     # Orbax, tensorstore and grain raise many types for damaged files; all mean "this item is bad".
-    raise BadStep(f'its "{item}" item fails to load ({_first_line(e)})') from None
+    raise BadStep(f'its "{item}" item fails to load ({first_line(e)})') from None
 
 
 def drop_foreign_sections(saved: dict) -> dict:
@@ -417,11 +417,11 @@ def _state_fits(mgr, step: int, abstract_state) -> bool:
   try:
     saved = ocp.StandardCheckpointHandler().metadata(mgr.directory / str(step) / 'state')
   except Exception as e:  # pylint: disable=broad-except
-    raise BadStep(f'its "state" item fails to load ({_first_line(e)})') from None
+    raise BadStep(f'its "state" item fails to load ({first_line(e)})') from None
   return _leaf_shapes(saved.tree) == _leaf_shapes(abstract_state)
 
 
-def _candidates(mgr, step: int | None) -> list[int]:
+def steps_to_try(mgr, step: int | None) -> list[int]:
   steps = sorted(mgr.all_steps(), reverse=True)
   if step is None:
     return steps
@@ -432,7 +432,7 @@ def _candidates(mgr, step: int | None) -> list[int]:
   return [step]
 
 
-def _fallback(mgr, step: int, why: str, rest: list[int]) -> None:
+def warn_fallback(mgr, step: int, why: str, rest: list[int]) -> None:
   nxt = f'using step {rest[0]} instead' if rest else 'no older step is left'
   print(
       f'warning: checkpoint step {step} in {mgr.directory} is unusable: {why}; {nxt}.', flush=True
@@ -452,7 +452,7 @@ def restore(mgr, abstract_state, data_iterator=None, step=None, config=None, ext
   builds another state than the checkpoint holds (naming the fields that set its shapes), when
   config.train.steps changed without extend_schedule, or when no step loads.
   """
-  candidates = _candidates(mgr, step)
+  candidates = steps_to_try(mgr, step)
   if not candidates:
     raise UserError(f'no checkpoint in {mgr.directory}; train first or drop --resume.')
   items = ('state', 'config') + (('data',) if data_iterator is not None else ())
@@ -481,5 +481,5 @@ def restore(mgr, abstract_state, data_iterator=None, step=None, config=None, ext
             f'checkpoint step {s} in {mgr.directory} is unusable: {e}; drop --step to use the '
             'latest complete step.'
         ) from None
-      _fallback(mgr, s, str(e), candidates[i + 1 :])
+      warn_fallback(mgr, s, str(e), candidates[i + 1 :])
   raise UserError(f'no checkpoint step in {mgr.directory} loads; train again.')

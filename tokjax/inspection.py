@@ -14,18 +14,9 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
+from tokjax import checkpointing, paths, sharding
 from tokjax import evaluator as evaluator_lib
-from tokjax import paths, sharding
 from tokjax import trainer as trainer_lib
-from tokjax.checkpointing import (
-    BadStep,
-    _candidates,
-    _fallback,
-    _first_line,
-    _ignore_abandoned_io,
-    read_config,
-    step_problem,
-)
 from tokjax.config import validation as config_validation
 from tokjax.errors import UserError
 
@@ -52,7 +43,7 @@ class Checkpoint:
     """Another step of the same run, restored with this one's trainer (no rebuild, no recompile)."""
     try:
       return _load_step(inspection_manager(self.path), self.path, step, None, self.trainer)
-    except BadStep as e:
+    except checkpointing.BadStep as e:
       raise UserError(f'checkpoint step {step} of {self.path} is unusable: {e}.') from None
 
   @functools.cached_property
@@ -88,11 +79,11 @@ def load_config(checkpoint_dir: str):
   Returns (config: ConfigDict, manager: a read-only CheckpointManager, step: int).
   """
   mgr = inspection_manager(checkpoint_dir)
-  for i, s in enumerate(_candidates(mgr, None)):
+  for i, s in enumerate(checkpointing.steps_to_try(mgr, None)):
     try:
-      return read_config(mgr, s), mgr, s
-    except BadStep as e:
-      _fallback(mgr, s, str(e), sorted(mgr.all_steps(), reverse=True)[i + 1 :])
+      return checkpointing.read_config(mgr, s), mgr, s
+    except checkpointing.BadStep as e:
+      checkpointing.warn_fallback(mgr, s, str(e), sorted(mgr.all_steps(), reverse=True)[i + 1 :])
   raise UserError(
       f'{checkpoint_dir} holds no complete checkpoint (empty or partly written); '
       'point at a run folder with a finished save.'
@@ -126,14 +117,14 @@ def _reason(e: Exception) -> str:
 
 
 def _load_step(mgr, path: str, step: int, mesh, trainer=None) -> Checkpoint:
-  """One step of a run folder restored for inspection, or BadStep naming what is wrong.
+  """One step of a run folder restored for inspection, or checkpointing.BadStep naming what is wrong.
 
   trainer: reuse this one (another step of the same run) instead of building one from the config.
   """
-  problem = step_problem(mgr.directory / str(step))
+  problem = checkpointing.step_problem(mgr.directory / str(step))
   if problem:
-    raise BadStep(problem)
-  config = read_config(mgr, step)
+    raise checkpointing.BadStep(problem)
+  config = checkpointing.read_config(mgr, step)
   if trainer is not None:
     config = trainer.config
   else:
@@ -151,20 +142,26 @@ def _load_step(mgr, path: str, step: int, mesh, trainer=None) -> Checkpoint:
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(trainer.abstract_state))
     ).state
   except (ValueError, KeyError, TypeError) as e:
-    _ignore_abandoned_io()
+    checkpointing.ignore_abandoned_io()
     if 'shape' in str(e).lower() or isinstance(e, (KeyError, TypeError)):
-      raise BadStep(
-          f'its "state" item does not fit its saved config ({_first_line(e)}): the folder mixes '
+      raise checkpointing.BadStep(
+          f'its "state" item does not fit its saved config ({checkpointing.first_line(e)}): the folder mixes '
           'runs'
       ) from None
-    raise BadStep(f'its "state" item fails to load ({_first_line(e)})') from None
+    raise checkpointing.BadStep(
+        f'its "state" item fails to load ({checkpointing.first_line(e)})'
+    ) from None
   except Exception as e:  # pylint: disable=broad-except
-    _ignore_abandoned_io()
-    raise BadStep(f'its "state" item fails to load ({_first_line(e)})') from None
+    checkpointing.ignore_abandoned_io()
+    raise checkpointing.BadStep(
+        f'its "state" item fails to load ({checkpointing.first_line(e)})'
+    ) from None
   want = jax.tree.map(lambda x: x.shape, trainer.abstract_state.params)
   got = jax.tree.map(lambda x: x.shape, state.params)
   if want != got:
-    raise BadStep('its "state" item has other parameter shapes than its saved config builds')
+    raise checkpointing.BadStep(
+        'its "state" item has other parameter shapes than its saved config builds'
+    )
   return Checkpoint(config=config, trainer=trainer, params=state.params, step=int(step), path=path)
 
 
@@ -176,11 +173,11 @@ def load_checkpoint(path: str, step: int | None = None, mesh=None) -> Checkpoint
   mesh: default `inspection_mesh` of the saved config.
   """
   mgr = inspection_manager(path)
-  candidates = _candidates(mgr, step)
+  candidates = checkpointing.steps_to_try(mgr, step)
   for i, s in enumerate(candidates):
     try:
       return _load_step(mgr, path, s, mesh)
-    except BadStep as e:
+    except checkpointing.BadStep as e:
       if step is not None or len(candidates) == 1:
         hint = (
             'drop --step to use the latest complete step'
@@ -190,7 +187,7 @@ def load_checkpoint(path: str, step: int | None = None, mesh=None) -> Checkpoint
         raise UserError(
             f'checkpoint step {s} in {mgr.directory} is unusable: {e}; {hint}.'
         ) from None
-      _fallback(mgr, s, str(e), candidates[i + 1 :])
+      checkpointing.warn_fallback(mgr, s, str(e), candidates[i + 1 :])
   raise UserError(f'no checkpoint step in {path} loads; train again.')
 
 
