@@ -453,3 +453,62 @@ def test_an_input_longer_than_training_keeps_every_boundary_training_had_room_fo
       grown.stages[0].boundaries.actions, unbounded.stages[0].boundaries.actions
   )
   np.testing.assert_allclose(grown.logits, unbounded.logits, atol=1e-5, rtol=0)
+
+
+def test_occupied_prefix_runs_the_shortest_length_that_holds_every_row():
+  """`on_occupied_prefix` picks the shortest of its lengths holding each row's valid slots, runs the
+  function there alone (its output here is the length it ran at), zeros the rest, and its gradient
+  is that branch's."""
+  assert layers.prefix_lengths(256) == (64, 128, 192, 256)
+  assert layers.prefix_lengths(1000) == (256, 512, 768, 1000)
+  assert layers.prefix_lengths(100) == (100,)  # Under two query blocks: the whole buffer.
+  lengths = layers.prefix_lengths(256)
+  fn = lambda w, x, positions, valid: w * x * x.shape[1]
+  x = jnp.ones((2, 256, 3))
+  positions = jnp.broadcast_to(jnp.arange(256), (2, 256))
+  for counts, ran in (((40, 64), 64), ((40, 65), 128), ((256, 3), 256)):
+    valid = jnp.arange(256)[None] < jnp.asarray(counts)[:, None]
+    run = lambda w, x, valid=valid: layers.on_occupied_prefix(fn, w, x, positions, valid, lengths)
+    out = jax.jit(run)(2.0, x)
+    np.testing.assert_array_equal(out[:, :ran], 2.0 * ran)
+    np.testing.assert_array_equal(out[:, ran:], 0.0)
+    total = lambda w, x, run=run: jnp.sum(run(w, x))
+    dw, dx = jax.jit(jax.grad(total, argnums=(0, 1)))(2.0, x)
+    assert float(dw) == 2 * 3 * ran * ran
+    np.testing.assert_array_equal(dx[:, :ran], 2.0 * ran)
+    np.testing.assert_array_equal(dx[:, ran:], 0.0)
+
+
+@pytest.mark.parametrize('stages', [1, 2])
+def test_chunk_stacks_on_the_occupied_prefix_equal_the_whole_buffer(monkeypatch, stages):
+  """Chunk buffers of 128 and 256 slots holding about a fifth of them: the main network (and the
+  chunk layers of level 1) run on a prefix, with the logits and parameter gradients of the stacks
+  run over the whole buffer (`prefix_lengths` giving one length)."""
+  from tokjax.models import hierarchical  # pylint: disable=g-import-not-at-top
+
+  policy = lambda capacity: bd.BoundaryPolicy(target_rate=0.2, window=1, capacity=capacity)
+  levels = (hierarchical.Level(policy(256), 256, encoder_layers=1, decoder_layers=1, window=8),)
+  if stages == 2:
+    levels += (hierarchical.Level(policy(128), 128, encoder_layers=1, decoder_layers=1),)
+  model = hierarchical.HierarchicalByteLM(
+      vocab_size=258, d_model=32, num_heads=2, main_layers=1, levels=levels
+  )
+  tokens, key = _tokens(jax.random.PRNGKey(0), b=2, l=256), jax.random.PRNGKey(1)
+  params = nn.unbox(jit_call(model.init, key, tokens, key))
+
+  def loss(params):
+    out = model.apply(params, tokens, key)
+    return jnp.mean(jax.nn.log_softmax(out.logits)[..., 0]), out
+
+  ran, real = [], layers.on_occupied_prefix
+  spy = lambda *args: ran.append(args[-1]) or real(*args)
+  monkeypatch.setattr(layers, 'on_occupied_prefix', spy)
+  prefix = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+  # The main network over the last buffer; with two stages level 1's encoder and decoder too.
+  assert ran == [layers.prefix_lengths(c) for c in ((256, 128, 256) if stages == 2 else (256,))]
+  for st, level in zip(prefix[0][1].stages, levels):  # Every chunk buffer fits a shorter prefix.
+    assert int(st.chunk_valid.sum(axis=1).max()) <= layers.prefix_lengths(level.capacity)[-2]
+  monkeypatch.setattr(layers, 'prefix_lengths', lambda slots, **_: (slots,))
+  whole = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+  np.testing.assert_allclose(prefix[0][1].logits, whole[0][1].logits, atol=2e-5, rtol=0)
+  chex.assert_trees_all_close(prefix[1], whole[1], atol=2e-5, rtol=1e-4)

@@ -204,6 +204,52 @@ def _advantages():
   }
 
 
+def _occupied_prefix():
+  """A chunk stack run on its occupied prefix (`layers.on_occupied_prefix`: a switch whose backward
+  recomputes) with rows split 4 x 2 over data and fsdp, against one device: output and gradients."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from tokjax import sharding  # pylint: disable=g-import-not-at-top
+  from tokjax.config import defaults as config_defaults  # pylint: disable=g-import-not-at-top
+  from tokjax.models import layers  # pylint: disable=g-import-not-at-top
+
+  c = config_defaults.base_config()
+  c.mesh.data, c.mesh.fsdp = 4, 2
+  mesh = sharding.make_mesh(c.mesh)
+  stack = layers.Stack(layers.StackSettings(num_layers=1, num_heads=2, mlp_hidden=64))
+  rng = np.random.default_rng(0)
+  counts = rng.integers(20, 100, 8)  # Every row fits the 128-slot prefix of a 256-slot buffer.
+  valid = np.arange(256)[None] < counts[:, None]
+  host = dict(
+      x=rng.normal(size=(8, 256, 32)).astype(np.float32),
+      positions=np.where(valid, 2 * np.arange(256)[None], 512).astype(np.int32),
+      valid=valid,
+  )
+  params = stack.init(jax.random.PRNGKey(0), host['x'], host['positions'], host['valid'])
+  run = lambda p, *a: stack.apply(p, *a)
+
+  def loss(params, x, batch):
+    y = layers.on_occupied_prefix(
+        run, params, x, batch['positions'], batch['valid'], layers.prefix_lengths(256)
+    )
+    return jnp.sum(jnp.sin(y))
+
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+  step = lambda params, batch, step=step: step(params, batch['x'], batch)
+  single = step(params, host)
+  with sharding.use(mesh, c.mesh):
+    batch = sharding.global_batch(host, mesh)
+    sharded = step(params, batch)
+  return {
+      'prefix_sharded_diff': max(  # Relative to each array's largest entry.
+          float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(a)).max())
+          for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded))
+      ),
+      'prefix_input_shards': _shard_shapes(batch['x']),
+  }
+
+
 def _multiprocess_worker():
   """One of 2 processes (4 CPU devices each) joined by distributed.maybe_initialize via JAX_* env."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -245,6 +291,7 @@ def _worker(group):
     with tempfile.TemporaryDirectory() as tmp:
       out = {'policy': _run_meshes('policy', POLICY_MESHES, os.path.join(tmp, 'run'))}
     out['advantages'] = _advantages()
+    out['occupied_prefix'] = _occupied_prefix()
     return out
   out = {}
   for method in STRAIGHT_THROUGH_METHODS:
@@ -415,6 +462,12 @@ def test_batch_relative_mean_is_over_the_global_batch(results):
   assert adv['input_shards'] == [[2, 8]]  # 16 rows really split over 8 devices.
   assert adv['per_shard_vs_global'] > 1.0  # A per-shard mean would be visibly wrong here...
   assert adv['vs_global'] < 1e-4  # ...and the sharded computation uses the global one.
+
+
+def test_a_chunk_stack_on_its_occupied_prefix_shards_like_one_device(results):
+  r = results['occupied_prefix']
+  assert r['prefix_input_shards'] == [[1, 256, 32]]  # 8 rows over 8 devices.
+  assert r['prefix_sharded_diff'] < 1e-5, r
 
 
 def test_parameters_and_optimizer_state_are_sharded(results):

@@ -282,16 +282,19 @@ class HierarchicalByteLM(nn.Module):
       stage_tokens = jnp.where(chunk_valid, jnp.take_along_axis(stage_tokens, at, axis=1), PAD_ID)
       valid = chunk_valid
       if s + 1 < self.num_stages:
-        x = self.level_module('encoder', s + 1)(chunks, positions, valid)
+        x = self._chunk_stack('encoder', s + 1, chunks, positions, valid)
       else:
-        out = self.main(chunks, positions, valid)
+        out = self._chunk_stack('main', s + 1, chunks, positions, valid)
     for s in reversed(range(self.num_stages)):
       lv = levels[s]
       bnd = lv['boundaries']
       if bnd.chunk_ema is not None:
         out = chunking.ema_chunks(out, bnd.chunk_ema, lv['index'])
       out = chunking.upsample(lv['x'], out, bnd.actions, bnd.chunk_gate)
-      out = self.level_module('decoder', s)(out, lv['positions'], lv['valid'])
+      if s == 0:
+        out = self.decoder(out, lv['positions'])
+      else:
+        out = self._chunk_stack('decoder', s, out, lv['positions'], lv['valid'])
     logits = self.head(out)
     stages = []
     for s, lv in enumerate(levels):
@@ -311,6 +314,17 @@ class HierarchicalByteLM(nn.Module):
           )
       )
     return interface.ModelOutput(logits=logits, stages=tuple(stages))
+
+  def _chunk_stack(self, which: str, level: int, x, positions, valid):
+    """The stack over a chunk buffer ('main', or level >= 1's 'encoder' | 'decoder'), run on the
+    occupied prefix of the buffer (`layers.on_occupied_prefix`)."""
+    stack = self.main if which == 'main' else self.level_module(which, level)
+    lengths = layers.prefix_lengths(x.shape[1])
+    if self.is_initializing() or len(lengths) == 1:
+      return stack(x, positions, valid)
+    settings = self.stack_settings(which, level)
+    run = lambda params, *args: layers.Stack(settings, parent=None).apply({'params': params}, *args)
+    return layers.on_occupied_prefix(run, stack.variables['params'], x, positions, valid, lengths)
 
   @staticmethod
   def to_bytes(x, below):

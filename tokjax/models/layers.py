@@ -211,6 +211,55 @@ def _write_cache(cache, k, v, positions, slot, write):
   }
 
 
+def prefix_lengths(slots: int, *, parts: int = 4, multiple: int = 64) -> tuple[int, ...]:
+  """The lengths `on_occupied_prefix` picks from for a buffer of `slots`: up to `parts` of them,
+  multiples of `multiple` (the query block of `sorted_causal_attention`), the last one `slots`. A
+  buffer shorter than two multiples gets (slots,): nothing to gain from a shorter prefix."""
+  if slots < 2 * multiple:
+    return (slots,)
+  rounded = lambda n: min(slots, -(-n // multiple) * multiple)
+  return tuple(sorted({rounded(-(-slots * (i + 1) // parts)) for i in range(parts)}))
+
+
+def on_occupied_prefix(fn, params, x, positions, valid, lengths: tuple[int, ...]):
+  """fn(params, x, positions, valid) -> [B, N', D] computed on the first P slots of a chunk buffer
+  only, P the shortest of `lengths` that holds every row's valid slots; the slots past P are zeros.
+
+  x: [B, N, D], positions: int[B, N], valid: bool[B, N] (a prefix of each row, as
+  `chunking.downsample` leaves it). A chunk buffer is sized for the most chunks a row may have (say
+  L/2 slots for a rate of about 0.2), so most of it is padding that no valid slot reads; a stack of
+  causal layers gives its valid slots the same values on any prefix that holds them. The prefix is
+  picked at run time by `lax.switch`, one branch per length. Its backward pass recomputes the chosen
+  branch's forward: differentiating the switch directly would make every branch return every other
+  branch's residuals (zeros at their shapes), which costs more than the recomputation.
+  """
+  n = x.shape[1]
+  if len(lengths) == 1:
+    return fn(params, x, positions, valid)
+  index = jnp.searchsorted(jnp.asarray(lengths), jnp.max(jnp.sum(valid, axis=1)))
+
+  def branch(p):
+    def run(params, x):
+      y = fn(params, x[:, :p], positions[:, :p], valid[:, :p])
+      return jnp.pad(y, ((0, 0), (0, n - p), (0, 0)))
+
+    return run
+
+  @jax.custom_vjp
+  def prefix(params, x):
+    return jax.lax.switch(index, [branch(p) for p in lengths], params, x)
+
+  def forward(params, x):
+    return prefix(params, x), (params, x)
+
+  def backward(saved, grad):
+    pullback = lambda p: lambda params, x, g: jax.vjp(branch(p), params, x)[1](g)
+    return jax.lax.switch(index, [pullback(p) for p in lengths], *saved, grad)
+
+  prefix.defvjp(forward, backward)
+  return prefix(params, x)
+
+
 class Attention(nn.Module):
   """Multi-head causal self-attention with RoPE; sliding-window when `window > 0`.
 
