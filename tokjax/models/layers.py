@@ -98,28 +98,32 @@ def local_causal_attention(q, k, v, window: int, splits: int = 2):
   Queries go in blocks of S = W / splits (W when splits does not divide it); each block sees its own
   block and the `splits` blocks before it, (splits + 1) * S keys masked to the last W positions.
   splits = 1 is the classic "own and previous block of W" scheme; splits = 2 scores 3/4 as many
-  keys for the same result (masked keys weigh exactly 0 either way).
+  keys for the same result (masked keys weigh exactly 0 either way). The blocks are laid out heads
+  first, so that the score products batch over leading axes (no transposes around them), and the
+  mask is an additive bias: on one CPU thread a byte block's forward and backward at (16, 512) took
+  about a fifth less time than with `_softmax_attend`'s layout and select (276 to 224 ms).
   """
   if window % splits:
     splits = 1
   size = window // splits
   b, l, h, d = q.shape
   pad = (-l) % size
-  if pad:  # Padding goes at the end, so it is never attended by real (earlier) queries.
-    q, k, v = (jnp.pad(t, ((0, 0), (0, pad), (0, 0), (0, 0))) for t in (q, k, v))
   n = (l + pad) // size
-  blocks = lambda t: t.reshape(b, n, size, h, d)
-  qb, kb, vb = blocks(q), blocks(k), blocks(v)
-  shift = lambda t, m: jnp.pad(t, ((0, 0), (m, 0), (0, 0), (0, 0), (0, 0)))[:, :-m]
-  frame = lambda t: jnp.concatenate([shift(t, m) for m in range(splits, 0, -1)] + [t], axis=2)
-  k2, v2 = frame(kb), frame(vb)  # [B, n, (splits + 1) S, H, K]
+  # [B, L, H, K] -> [B, H, n, S, K]; padding goes at the end, so real (earlier) queries never see it.
+  blocks = lambda t: jnp.pad(t, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, n, size, h, d)
+  qb, kb, vb = (blocks(t).transpose(0, 3, 1, 2, 4) for t in (q, k, v))
+  shift = lambda t, m: jnp.pad(t, ((0, 0), (0, 0), (m, 0), (0, 0), (0, 0)))[:, :, :-m]
+  frame = lambda t: jnp.concatenate([shift(t, m) for m in range(splits, 0, -1)] + [t], axis=3)
+  k2, v2 = frame(kb), frame(vb)  # [B, H, n, (splits + 1) S, K]
   qi = jnp.arange(size)[:, None] + splits * size  # Query offsets in the key frame.
   ki = jnp.arange((splits + 1) * size)[None, :]
   mask = (ki <= qi) & (qi - ki < window)
   # Blocks near the start have fewer than `splits` blocks before them.
   exists = (jnp.arange(n)[:, None, None] - splits + ki[None] // size) >= 0
-  mask = mask[None] & exists  # [n, S, (splits + 1) S]
-  out = _softmax_attend(qb, k2, v2, jnp.broadcast_to(mask, (b,) + mask.shape))
+  bias = jnp.where(mask[None] & exists, 0.0, _NEG_INF).astype(jnp.float32)  # [n, S, (splits + 1) S]
+  scores = jnp.einsum('bhnqk,bhnsk->bhnqs', qb * d**-0.5, k2).astype(jnp.float32) + bias
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum('bhnqs,bhnsk->bnqhk', probs, v2)
   return out.reshape(b, n * size, h, d)[:, :l]
 
 
