@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, inspection, losses, train
+from tokjax import checkpointing, inspection, losses, resuming, train
 from tokjax.config import files as config_files
 from tokjax.errors import UserError
 from tokjax.metric_writers import read_metrics
@@ -183,10 +183,10 @@ def test_a_resume_notes_stage_fields_only_where_the_resolved_stages_change():
   explicit = saved.copy_and_resolve_references()
   explicit.stages.s1.estimator.gamma = saved.estimator.gamma
   explicit.stages.s1.model.byte_window = saved.model.byte_window
-  assert checkpointing.config_changes(saved, explicit) == []
+  assert resuming.config_changes(saved, explicit) == []
   changed = explicit.copy_and_resolve_references()
   changed.stages.s1.estimator.gamma = 0.5
-  assert checkpointing.config_changes(saved, changed) == [
+  assert resuming.config_changes(saved, changed) == [
       'config.stages.s1.estimator.gamma: None saved, 0.5 now',
       f'config.stages.s1.model.byte_window: None saved, {saved.model.byte_window} now',
   ]

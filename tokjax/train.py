@@ -46,6 +46,7 @@ from tokjax import (
     flops,
     paths,
     profiling,
+    resuming,
     sharding,
     significance,
     tokenization,
@@ -459,7 +460,7 @@ def initial_state(
 ):
   """(state, restored: bool): the restored checkpoint with resume (dropping newer steps), else a
   fresh init. Refuses to start fresh over a run's metrics without a checkpoint, and a changed
-  config.train.steps without extend_schedule (`checkpointing.check_schedule`)."""
+  config.train.steps without extend_schedule (`resuming.check_schedule`)."""
   workdir = config.train.workdir
   if step is not None and not resume:
     raise UserError('--step picks the checkpoint to resume from: pass --resume with it.')
@@ -473,8 +474,9 @@ def initial_state(
       )
     print(f'note: no checkpoint in {mgr.directory}; --resume starts a fresh run.', flush=True)
     return trainer.init(key), False
+  check = resuming.check(config, mgr, extend_schedule=extend_schedule)
   state, restored = checkpointing.restore(
-      mgr, trainer.abstract_state, data.train_iter, step, config, extend_schedule
+      mgr, trainer.abstract_state, data.train_iter, step, check=check
   )
   newer = [s for s in mgr.all_steps() if s > restored]
   if newer:  # Damaged or abandoned steps: the resumed run writes its own.
