@@ -167,7 +167,7 @@ def test_resume_with_another_model_names_the_changed_fields_and_touches_no_check
   config = tiny_config(workdir)
   mgr = checkpointing.manager(workdir)
   trainer = trainer_lib.Trainer(config, sharding.make_mesh(config.mesh))
-  check = resuming.check(config, mgr)
+  check = resuming.check(config, mgr, levels=trainer.levels)
   _, step = checkpointing.restore(mgr, trainer.abstract_state, check=check)
   assert step == 6
 

@@ -77,7 +77,7 @@ def test_a_per_stage_override_on_the_command_line_reaches_that_stage_alone():
   assert (first.estimator.gamma, first.target_rate, first.decoder_layers) == (0.99, 0.2, 1)
   assert second.where('estimator.gamma') == 'config.stages.s1.estimator.gamma'
   # The model reads it: stage 1's decoder has two blocks, stage 0's byte decoder one.
-  model = models.build_model(c)
+  model = models.build_model(c, levels=(first, second))
   assert model.stack_settings('decoder', 1).num_layers == 2
   assert model.stack_settings('decoder').num_layers == 1
 
@@ -88,7 +88,7 @@ def test_a_methods_own_settings_can_differ_per_stage():
   first, second = stages.resolve(c)
   assert (first.settings.window, second.settings.window) == (1, 4)
   assert second.where('settings.window') == 'config.stages.s1.boundary.policy.window'
-  model = models.build_model(c)
+  model = models.build_model(c, levels=(first, second))
   assert tuple(lv.boundary.window for lv in model.levels) == (1, 4)
   # Each stage's policy has the parameters of its own window.
   params = jax.eval_shape(model.init, jax.random.PRNGKey(0), *models.init_args(c, 2, 64))
@@ -112,8 +112,9 @@ def test_a_third_stage_is_one_more_section():
   c.stages.s2 = config_defaults.stage_section()
   c.stages.s2.model.capacity = 4
   config_validation.validate(c)
-  assert [st.capacity for st in stages.resolve(c)] == [32, 16, 4]
-  assert models.build_model(c).capacities() == (32, 16, 4)
+  levels = stages.resolve(c)
+  assert [st.capacity for st in levels] == [32, 16, 4]
+  assert models.build_model(c, levels=levels).capacities() == (32, 16, 4)
 
 
 def test_a_stack_takes_one_settings_object():

@@ -18,9 +18,9 @@ from tokjax import trainer as trainer_lib
 from tokjax.errors import UserError
 
 
-def check(config, mgr, *, extend_schedule: bool = False):
-  """The `check` of `checkpointing.restore` for resuming mgr's run with config: (saved config, step,
-  fits) -> None.
+def check(config, mgr, *, levels: stages.Levels, extend_schedule: bool = False):
+  """The `check` of `checkpointing.restore` for resuming mgr's run with config (levels: its, as its
+  entry point resolved them): (saved config, step, fits) -> None.
 
   A step whose state does not fit and whose saved config differs raises UserError naming the fields
   that set the shapes; one whose state does not fit under the same config is left to restore as
@@ -29,7 +29,7 @@ def check(config, mgr, *, extend_schedule: bool = False):
   """
 
   def check_step(saved, step: int, fits: bool) -> None:
-    changes = config_changes(saved, config)
+    changes = config_changes(saved, config, levels=levels)
     if not fits:
       if changes:
         raise UserError(_misfit(mgr, saved, config, changes))
@@ -75,26 +75,28 @@ def _differences(saved, config) -> list[tuple[str, object, object]]:
   ]
 
 
-def config_changes(saved, config) -> list[str]:
+def config_changes(saved, config, *, levels: stages.Levels) -> list[str]:
   """'config.F: A saved, B now' for each field F outside `RUN_CONTROL` whose value differs between
   the saved config and config (tuples and JSON's lists compare equal; a field only one has is
-  'absent' in the other)."""
+  'absent' in the other). levels: config's (`stages.resolve`)."""
   shown = lambda v: 'absent' if v is _ABSENT else repr(v)
   differences = _differences(saved, config)
-  if _same_stages(saved, config):
+  if _same_stages(saved, levels):
     # A stage section that now inherits what it used to set (or the reverse) changes nothing.
     differences = [d for d in differences if not d[0].startswith('stages.')]
   return [f'config.{f}: {shown(a)} saved, {shown(b)} now' for f, a, b in differences]
 
 
-def _same_stages(saved, config) -> bool:
-  """Whether both configs resolve to the same stages (where each value came from aside)."""
+def _same_stages(saved, levels: stages.Levels) -> bool:
+  """Whether the saved config resolves to the same stages as levels (where each value came from
+  aside)."""
 
-  def resolved(c):
-    return [dataclasses.replace(s, sources=stages.Settings()) for s in stages.resolve(c)]
+  def bare(resolved):
+    return [dataclasses.replace(s, sources=stages.Settings()) for s in resolved]
 
   try:
-    return resolved(saved) == resolved(config)
+    # The saved config is another config than the resuming one: its levels are resolved here.
+    return bare(stages.resolve(saved)) == bare(levels)
   except UserError:
     return False
 
