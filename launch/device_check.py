@@ -91,7 +91,7 @@ def paper_step(size: str, device, hbm, dry_run: bool, timed_steps: int) -> dict:
 
   seconds = median_seconds(step, timed_steps)
   rate = float(np.mean([float(r) for r in holder['rate']]))
-  model_flops = flops.step_flops(c, rate)
+  model_flops = flops.step_flops(c, rate, levels=trainer.levels)
   peak = flops.peak_flops(device, cpu_peak=flops.measure_matmul_peak() if dry_run else None)
   return {
       'size': size,

@@ -120,6 +120,23 @@ def tiny_run(tmp_path_factory):
 
 
 @pytest.fixture
+def resolutions(monkeypatch):
+  """The configs that `stages.resolve` resolves while the test runs, one entry per call (through
+  `stages.get` too): the real function, wrapped to count."""
+  from tokjax import stages  # pylint: disable=g-import-not-at-top
+
+  calls = []
+  real = stages.resolve
+
+  def counting(config):
+    calls.append(config)
+    return real(config)
+
+  monkeypatch.setattr(stages, 'resolve', counting)
+  return calls
+
+
+@pytest.fixture
 def toy_method():
   """tests/toy_boundary.py's 'punctuation' registered for one test only, so that configs built by
   other tests in this process (the session's tiny run among them) do not carry its section."""

@@ -77,7 +77,7 @@ def test_accumulated_step_equals_plain_step_when_rows_are_independent(kind, meth
 def test_score_function_accumulation_is_the_mean_over_micro_batches_with_their_own_baselines():
   config = _config(accum=2)
   trainer, params0, batch, accum, metrics = _step(config)
-  objective = losses.objective(config, trainer.model, 'sample')
+  objective = losses.objective(config, trainer.model, 'sample', levels=trainer.levels)
   grad_fn = jax.jit(jax.value_and_grad(objective, has_aux=True))
   key = jax.random.fold_in(jax.random.PRNGKey(1), 0)  # The step folds in its step number (0).
   host = jax.device_get(batch)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, inspection, losses, train
+from tokjax import checkpointing, inspection, losses, resuming, stages, train
 from tokjax.config import files as config_files
 from tokjax.errors import UserError
 from tokjax.metric_writers import read_metrics
@@ -158,8 +158,8 @@ def test_resume_without_checkpoint_and_after_the_end(two_step_run, tmp_path, cap
 def test_nonfinite_before_any_checkpoint_does_not_advise_resume(tmp_path, monkeypatch):
   real_objective = losses.objective
 
-  def poisoned(config, model, mode='sample'):
-    f = real_objective(config, model, mode)
+  def poisoned(config, model, mode='sample', *, levels):
+    f = real_objective(config, model, mode, levels=levels)
 
     def g(params, batch, key, step):
       loss, aux = f(params, batch, key, step)
@@ -183,10 +183,11 @@ def test_a_resume_notes_stage_fields_only_where_the_resolved_stages_change():
   explicit = saved.copy_and_resolve_references()
   explicit.stages.s1.estimator.gamma = saved.estimator.gamma
   explicit.stages.s1.model.byte_window = saved.model.byte_window
-  assert checkpointing.config_changes(saved, explicit) == []
+  changes = lambda now: resuming.config_changes(saved, now, levels=stages.resolve(now))
+  assert changes(explicit) == []
   changed = explicit.copy_and_resolve_references()
   changed.stages.s1.estimator.gamma = 0.5
-  assert checkpointing.config_changes(saved, changed) == [
+  assert changes(changed) == [
       'config.stages.s1.estimator.gamma: None saved, 0.5 now',
       f'config.stages.s1.model.byte_window: None saved, {saved.model.byte_window} now',
   ]

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import decoding, models
+from tokjax import decoding, models, stages
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 from tokjax.models import hierarchical
@@ -29,7 +29,7 @@ def fresh_model(config, spread: float = 1.0, seed: int = 1, scale: float = 1.0):
   """config's model and fresh parameters (init key `seed`), all of them times `scale`, and every
   boundary policy's projection times `spread` more (at initialisation the policy's logits hardly move
   from its bias, so every greedy decision would be the same)."""
-  model = models.build_model(config)
+  model = models.build_model(config, levels=stages.resolve(config))
   args = models.init_args(config, 1, 32)
   params = nn.unbox(jit_call(model.init, jax.random.PRNGKey(seed), *args)['params'])
   params = jax.tree_util.tree_map(lambda x: x * scale, params)

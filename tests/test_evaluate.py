@@ -67,6 +67,13 @@ def test_greedy_boundaries_are_deterministic(ckpt):
   assert s0['chunk_hist'] != s1['chunk_hist'] or s0['bpb'] != s1['bpb']
 
 
+def test_evaluating_a_run_resolves_its_stages_once(tiny_run, tmp_path, resolutions):
+  """`python -m tokjax.evaluate`: the run opened (its config validated, its Trainer built), then
+  evaluated in both boundary modes, on the one resolution of its saved config."""
+  evaluate.run_evaluation(tiny_run, split='val', out=str(tmp_path / 'e'), max_batches=1, bpe=False)
+  assert len(resolutions) == 1
+
+
 def test_report_files(tiny_run, ckpt, tmp_path):
   out = str(tmp_path / 'rep')
   report = evaluate.run_evaluation(tiny_run, split='test', out=out, max_batches=2)

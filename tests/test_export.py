@@ -19,7 +19,7 @@ import pytest
 import safetensors
 import torch
 
-from tokjax import checkpointing, inspection, models
+from tokjax import checkpointing, inspection, models, stages
 from tokjax.errors import UserError
 from tokjax.export import exporter, mapping, spec
 from tokjax.models import registry
@@ -134,7 +134,9 @@ def test_step_records_that_steps_own_val_bpb(exported, tiny_run, tmp_path):
     f.writelines(json.dumps(r) + '\n' for r in rows if (r.get('split'), r['step']) != ('val', 3))
   assert exporter.val_bpb_at(run, 3) is None and exporter.val_bpb_at(run, 6) == logged[6]
   fields = dict(t, val_bpb=None, val_bpb_step=None)
-  card = exporter.model_card(dict(spec.hf_config(ckpt.config), tokjax=fields), ckpt)
+  card = exporter.model_card(
+      dict(spec.hf_config(ckpt.config, levels=ckpt.levels), tokjax=fields), ckpt
+  )
   assert '- val bpb: not logged at step 3\n' in card
 
 
@@ -177,7 +179,7 @@ def test_from_pretrained_without_jax_gives_tokjax_logits(exported, tmp_path):
 
 def test_strict_names_refuse_unmapped_and_unfilled_parameters(exported):
   _, ckpt = exported
-  fields = spec.hf_config(ckpt.config)
+  fields = spec.hf_config(ckpt.config, levels=ckpt.levels)
   shapes = {k: tuple(v.shape) for k, v in exporter.torch_model(fields).state_dict().items()}
   params = jax.tree.map(np.asarray, ckpt.params)
   extra = dict(params, stray={'kernel': np.zeros((2, 2), np.float32)})
@@ -227,7 +229,7 @@ def test_from_pretrained_refuses_missing_or_unexpected_weights(exported, tmp_pat
 
 def test_gate_refuses_a_model_whose_logits_differ(exported):
   _, ckpt = exported
-  fields = spec.hf_config(ckpt.config)
+  fields = spec.hf_config(ckpt.config, levels=ckpt.levels)
   model_pt = exporter.torch_model(fields, exporter.torch_state(fields, ckpt.params))
   with torch.no_grad():
     model_pt.head.proj.weight[7, 0] += 0.01
@@ -280,7 +282,9 @@ def test_config_json_holds_its_kinds_fields_and_earlier_exports_load(exported, t
 
   c = conftest.tiny_config(str(tmp_path))
   c.model.kind, c.model.num_layers = 'flat', 2
-  flat = configuration_tokjax.TokjaxConfig(**spec.hf_config(c)).to_diff_dict()
+  flat = configuration_tokjax.TokjaxConfig(
+      **spec.hf_config(c, levels=stages.resolve(c))
+  ).to_diff_dict()
   assert flat['num_layers'] == 2 and flat['kind'] == 'flat'
   assert not set(configuration_tokjax.KIND_FIELDS['hierarchical']) & set(flat), sorted(flat)
   # config.json as earlier versions wrote it, with the flat model's fields beside a hierarchical
@@ -389,7 +393,7 @@ def test_import_refuses_what_is_not_an_export_and_writes_nothing(exported, tiny_
 
 def _initialised(config):
   """(model, params) of config at init: the gate's forward parity holds for any weights."""
-  model = models.build_model(config)
+  model = models.build_model(config, levels=stages.resolve(config))
   init = lambda *a: nn.unbox(model.init(*a))
   params = conftest.jit_call(init, jax.random.PRNGKey(3), *model.init_args(2, 64))['params']
   return model, params
@@ -398,7 +402,7 @@ def _initialised(config):
 def _gate(config, params=None, model=None):
   if model is None:
     model, params = _initialised(config)
-  fields = spec.hf_config(config)
+  fields = spec.hf_config(config, levels=stages.resolve(config))
   model_pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
   return exporter.gate(model, params, model_pt, int(config.data.seq_len))
 
@@ -427,7 +431,7 @@ def test_the_exported_methods_are_the_registrys_and_the_ports():
     assert set(NON_DEFAULT.get(method, {})) == declared, method
     c = conftest.tiny_config('')
     c.boundary.method = method
-    entry = spec.stage_settings(c, 0)
+    entry = spec.stage_settings(c, stages.get(c, 0))
     cls = modeling_tokjax.BOUNDARY_METHODS[method]
     takes = set(inspect.signature(cls.__init__).parameters) - {'self', 'd'}
     assert set(entry) - {'method'} == takes, method
@@ -465,14 +469,14 @@ def test_a_new_method_exports_once_the_port_has_it(toy_method, tmp_path, monkeyp
   c.boundary.method = toy_method
   c.boundary.punctuation.bytes = ' e'  # Not the default: the port must read it.
   with pytest.raises(UserError, match="'punctuation' cannot be exported"):
-    spec.check_exportable(c)
+    spec.check_exportable(c, levels=stages.resolve(c))
   monkeypatch.setitem(modeling_tokjax.BOUNDARY_METHODS, toy_method, _TorchPunctuation)
   monkeypatch.setattr(spec, 'EXPORTABLE', (*spec.EXPORTABLE, toy_method))
-  spec.check_exportable(c)
+  spec.check_exportable(c, levels=stages.resolve(c))
   model, params = _initialised(c)
   found = _gate(c, params, model)
   assert found['given'] <= exporter.TOLERANCE and found['greedy_mismatch'] == 0
-  fields = spec.hf_config(c)
+  fields = spec.hf_config(c, levels=stages.resolve(c))
   assert fields['stages'][0]['ends'] == ' e'
   model_pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
   ref, cached, uncached, whole = _generations(model, params, model_pt, 20)
@@ -491,9 +495,9 @@ def test_gate_for_every_boundary_method(method, tmp_path):
     c.boundary[method].update(NON_DEFAULT[method])
   if method not in spec.EXPORTABLE:
     with pytest.raises(UserError, match=f"config.boundary.method='{method}' cannot be exported"):
-      spec.check_exportable(c)
+      spec.check_exportable(c, levels=stages.resolve(c))
     return
-  spec.check_exportable(c)
+  spec.check_exportable(c, levels=stages.resolve(c))
   found = _gate(c)
   assert found['given'] <= exporter.TOLERANCE and found['greedy_mismatch'] == 0
 
@@ -512,7 +516,7 @@ def test_gate_for_two_stages_trained(tiny_two_stage_run):
   ckpt = inspection.load_checkpoint(workdir)
   found = _gate(ckpt.config, ckpt.params, ckpt.model)
   assert found['given'] <= exporter.TOLERANCE and found['greedy_mismatch'] == 0
-  assert len(spec.hf_config(ckpt.config)['stages']) == 2
+  assert len(spec.hf_config(ckpt.config, levels=ckpt.levels)['stages']) == 2
 
 
 def test_gate_for_the_flat_model(tmp_path):
@@ -674,25 +678,25 @@ def _lively(params):
   return out
 
 
-@pytest.mark.parametrize('stages', [1, 2])
-def test_generate_cached_equals_uncached_and_tokjax(stages, tmp_path):
-  if stages == 1:
+@pytest.mark.parametrize('num_stages', [1, 2])
+def test_generate_cached_equals_uncached_and_tokjax(num_stages, tmp_path):
+  if num_stages == 1:
     c = conftest.tiny_config(str(tmp_path))
   else:  # The inner stage's policy sequential: its decisions read the ones before them.
     c = conftest.tiny_two_stage_config(str(tmp_path))
     c.stages.s1.boundary.policy.window = 3
   model, initial = _initialised(c)
   params = _lively(initial)
-  fields = spec.hf_config(c)
+  fields = spec.hf_config(c, levels=stages.resolve(c))
   model_pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
   ref, cached, uncached, whole = _generations(model, params, model_pt, 40)
   np.testing.assert_array_equal(cached, uncached)
   np.testing.assert_array_equal(cached, ref['tokens'])
   # Boundaries decided on the fly are those of one forward over the final text, and vary.
   on_bytes = whole.byte_boundaries.numpy()
-  tokjax_actions = ref['actions'] if stages == 1 else ref['actions'][:, :, : cached.shape[1]]
-  np.testing.assert_array_equal(on_bytes[:, 0] if stages == 1 else on_bytes, tokjax_actions)
-  for level in range(stages):
+  tokjax_actions = ref['actions'] if num_stages == 1 else ref['actions'][:, :, : cached.shape[1]]
+  np.testing.assert_array_equal(on_bytes[:, 0] if num_stages == 1 else on_bytes, tokjax_actions)
+  for level in range(num_stages):
     assert 0 < on_bytes[:, level, 1:].mean() < 1, (level, on_bytes[:, level].mean())
   # A row far longer than training's (64 bytes), at the initial policy (rate about 0.2): its chunk
   # buffers grow with it, so it reads as with room for a chunk at every byte, as tokjax's forward
@@ -759,7 +763,7 @@ def test_every_exported_method_generates_cached_as_uncached_and_as_tokjax(method
       c.stages.s1.boundary[methods[1]].update(NON_DEFAULT[methods[1]])
   model, initial = _initialised(c)
   params = _spread(model, initial)
-  fields = spec.hf_config(c)
+  fields = spec.hf_config(c, levels=stages.resolve(c))
   if methods[-1] in NON_DEFAULT:  # Stage 1's own settings reach the port.
     assert {**fields['stages'][1], **NON_DEFAULT[methods[1]]} == fields['stages'][1]
   found = _gate(c, params, model)

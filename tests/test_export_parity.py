@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import models
+from tokjax import models, stages
 from tokjax.export import exporter, spec
 from tokjax.models import chunking
 
@@ -25,12 +25,12 @@ def _components(config):
   hierarchical model (one stage, fresh weights, its policy's logits spread) on the gate's bytes."""
   from tokjax.export import modeling_tokjax  # pylint: disable=g-import-not-at-top
 
-  model = models.build_model(config)
+  model = models.build_model(config, levels=stages.resolve(config))
   init = lambda *a: nn.unbox(model.init(*a))
   params = conftest.jit_call(init, jax.random.PRNGKey(3), *model.init_args(2, 64))['params']
   kernel = params['boundary']['proj']['kernel'] * 50  # About half the decisions each way.
   params = {**params, 'boundary': {'bias': jnp.zeros(()), 'proj': {'kernel': kernel}}}
-  fields = spec.hf_config(config)
+  fields = spec.hf_config(config, levels=stages.resolve(config))
   pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
   tokens = exporter.probe(int(config.data.seq_len))
   positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
@@ -100,11 +100,11 @@ def test_a_changed_block_exports_once_both_sides_change(tmp_path, monkeypatch):
   monkeypatch.setattr(modeling_tokjax, 'gelu', torch.nn.functional.relu)
   diffs = _components(c)
   assert max(diffs.values()) <= exporter.TOLERANCE, diffs
-  model = models.build_model(c)
+  model = models.build_model(c, levels=stages.resolve(c))
   params = conftest.jit_call(
       lambda k, *a: nn.unbox(model.init(k, *a)), jax.random.PRNGKey(3), *model.init_args(2, 64)
   )['params']
-  fields = spec.hf_config(c)
+  fields = spec.hf_config(c, levels=stages.resolve(c))
   pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
   found = exporter.gate(model, params, pt, int(c.data.seq_len))
   assert found['given'] <= exporter.TOLERANCE

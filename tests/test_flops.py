@@ -3,7 +3,7 @@
 import jax
 import pytest
 
-from tokjax import compile_check, flops
+from tokjax import compile_check, flops, stages
 from tokjax.config import defaults as config_defaults
 
 
@@ -26,31 +26,36 @@ def _config(kind):
 def test_executed_flops_match_xla(kind):
   config = _config(kind)
   report = compile_check.check(config, jax.devices()[:1], compile_eval=False)
-  analytic, xla = flops.step_flops(config), report['xla_flops_per_device']
+  analytic = flops.step_flops(config, levels=stages.resolve(config))
+  xla = report['xla_flops_per_device']
   assert analytic == report['analytic_flops_per_step']
   assert abs(analytic - xla) / xla < 0.10, (analytic, xla)
 
 
 def test_model_flops_follow_the_realised_rate():
   config = _config('hierarchical')
-  low, high = flops.step_flops(config, rate=0.1), flops.step_flops(config, rate=0.3)
+  levels = stages.resolve(config)
+  low = flops.step_flops(config, rate=0.1, levels=levels)
+  high = flops.step_flops(config, rate=0.3, levels=levels)
   # Only the main network depends on the rate: 3 passes x B x main_layers blocks on the extra chunks.
   m, d, seq, b = config.model, config.model.d_model, config.data.seq_len, config.data.batch_size
   linear = 3 * b * m.main_layers * (8 * d * d + 6 * d * m.main_mlp_ratio * d) * 0.2 * seq
   assert high - low > linear  # Plus attention, quadratic in the chunk count.
   assert high - low < 1.2 * linear
-  assert flops.flops_per_byte(config, 0.2) * seq * b == pytest.approx(flops.step_flops(config, 0.2))
+  per_byte = flops.flops_per_byte(config, 0.2, levels=levels)
+  assert per_byte * seq * b == pytest.approx(flops.step_flops(config, 0.2, levels=levels))
 
 
 def test_two_stage_model_flops_follow_each_stage_rate():
   config = _config('two_stage')
-  base = flops.step_flops(config, rate=(0.2, 0.33))
+  levels = stages.resolve(config)
+  base = flops.step_flops(config, rate=(0.2, 0.33), levels=levels)
   # A stage without a rate of its own is costed at its target.
-  assert flops.step_flops(config, rate=0.2) == pytest.approx(base)
+  assert flops.step_flops(config, rate=0.2, levels=levels) == pytest.approx(base)
   # More stage-1 chunks: only the main network grows. More stage-0 chunks: stage 1's layers and
   # the main network both grow.
-  more_inner = flops.step_flops(config, rate=(0.2, 0.5)) - base
-  more_outer = flops.step_flops(config, rate=(0.3, 0.33)) - base
+  more_inner = flops.step_flops(config, rate=(0.2, 0.5), levels=levels) - base
+  more_outer = flops.step_flops(config, rate=(0.3, 0.33), levels=levels) - base
   m, d, seq, b = config.model, config.model.d_model, config.data.seq_len, config.data.batch_size
   block = 3 * b * (8 * d * d + 6 * d * m.main_mlp_ratio * d)
   assert more_inner == pytest.approx(block * m.main_layers * 0.2 * seq * (0.5 - 0.33), rel=0.2)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import losses, models
+from tokjax import losses, models, stages
 from tokjax.config import defaults as config_defaults
 from tokjax.models import layers
 
@@ -53,7 +53,7 @@ def _compiled():
   the scale only changes parameter values, so both programs compile once for the file."""
   c = config_defaults.base_config()
   c.model.update(d_model=32, capacity=32, num_heads=2, main_layers=1, dtype='bfloat16')
-  model = models.build_model(c)
+  model = models.build_model(c, levels=stages.resolve(c))
   params = jax.jit(model.init)(jax.random.PRNGKey(0), *models.init_args(c, B, L))
   rewards = {
       reference: jax.jit(functools.partial(_rewards, model, reference=reference))

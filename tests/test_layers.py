@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import decoding, losses, models
+from tokjax import decoding, losses, models, stages
 from tokjax.config import defaults as config_defaults
 from tokjax.errors import UserError
 from tokjax.models import layers
@@ -35,7 +35,7 @@ def _batch(b=2, l=40, seed=3):
 
 
 def _params(config, b=2, l=40):
-  model = models.build_model(config)
+  model = models.build_model(config, levels=stages.resolve(config))
   return (
       model,
       nn.unbox(jit_call(model.init, jax.random.PRNGKey(0), *models.init_args(config, b, l)))[
@@ -45,8 +45,8 @@ def _params(config, b=2, l=40):
 
 
 def _loss_and_grads(config, params, batch):
-  model = models.build_model(config)
-  objective = losses.objective(config, model, 'sample')
+  model = models.build_model(config, levels=stages.resolve(config))
+  objective = losses.objective(config, model, 'sample', levels=stages.resolve(config))
   fn = jax.jit(jax.value_and_grad(lambda p: objective(p, batch, jax.random.PRNGKey(5), 0)[0]))
   return fn(params)
 
@@ -78,7 +78,9 @@ def test_remat_changes_no_loss_or_gradient(kind):
     remats = [dict(encoder='none', main=policy, decoder='none') for policy in ('dots', 'full')]
   for remat in remats:
     c = _config(kind, remat=remat)
-    assert models.build_model(c) != models.build_model(base)
+    assert models.build_model(c, levels=stages.resolve(c)) != models.build_model(
+        base, levels=stages.resolve(base)
+    )
     loss, grads = _loss_and_grads(c, params, batch)
     np.testing.assert_allclose(loss, loss0, rtol=1e-6)
     _assert_trees_close(grads, grads0, rtol=1e-5, atol=1e-7)
@@ -111,7 +113,7 @@ def test_cached_generation_runs_the_scanned_stacks():
   """Decoding calls the stacks with caches; scanned stacks give what unrolled ones give."""
   unrolled, scanned = _config(depth=2), _config(depth=2, scan_layers=True)
   model_u, params = _params(unrolled, 1, 32)
-  model_s = models.build_model(scanned)
+  model_s = models.build_model(scanned, levels=stages.resolve(scanned))
   prompt = decoding.encode_prompt(b'def f(x):', batch=1)
   gen = lambda m, p: jax.device_get(
       decoding.generate(
@@ -197,7 +199,7 @@ def test_dot_product_model_equals_blocked_model_and_is_causal(kind):
   loss_d, grads_d = _loss_and_grads(dpa, params, batch)
   np.testing.assert_allclose(loss_d, loss_b, rtol=1e-5)
   _assert_trees_close(grads_d, grads_b, rtol=1e-4, atol=1e-6)
-  model = models.build_model(dpa)
+  model = models.build_model(dpa, levels=stages.resolve(dpa))
   args = () if kind == 'flat' else (jax.random.PRNGKey(1), 'greedy')
   logits = jax.jit(lambda p, t: model.apply({'params': p}, t, *args).logits)
   t = 20
@@ -217,7 +219,8 @@ def test_bad_option_values_are_user_errors():
     c = _config()
     c.model[field] = value
     with pytest.raises(UserError, match=match):
-      models.build_model(c)
+      models.build_model(c, levels=stages.resolve(c))
   if jax.default_backend() != 'gpu':
     with pytest.raises(UserError, match='cudnn'):
-      models.build_model(_config(attention='cudnn'))
+      c = _config(attention='cudnn')
+      models.build_model(c, levels=stages.resolve(c))

@@ -9,7 +9,7 @@ import sys
 import pytest
 from test_saved_configs import saved_config, with_config
 
-from tokjax import decoding
+from tokjax import decoding, stages
 from tokjax.config import defaults as config_defaults
 from tokjax.config import saved as config_saved
 from tokjax.errors import UserError
@@ -49,10 +49,10 @@ def test_check_causal_refuses_only_lookahead_methods():
   c = config_defaults.base_config()
   for method in ('policy', 'bpe', 'whitespace'):
     c.boundary.method = method
-    decoding.check_causal(c)
+    decoding.check_causal(c, levels=stages.resolve(c))
   c.boundary.method = 'bpe_oracle'
   with pytest.raises(UserError, match='lookahead=True') as e:
-    decoding.check_causal(c)
+    decoding.check_causal(c, levels=stages.resolve(c))
   assert '\n' not in str(e.value) and "config.boundary.method='bpe_oracle'" in str(e.value)
 
 
@@ -83,6 +83,8 @@ def test_lm_eval_generation_refuses_a_lookahead_method(tiny_run):
 
   lm = lm_model.TokjaxLM(checkpoint=tiny_run, batch_size=2)
   assert lm.generate_until([]) == []  # A causal method generates.
-  lm.ckpt = dataclasses.replace(lm.ckpt, config=config_saved.upgrade(_old_bpe_config()))
+  old = config_saved.upgrade(_old_bpe_config())
+  lm.ckpt = dataclasses.replace(lm.ckpt, config=old)
+  lm.ckpt.trainer.levels = stages.resolve(old)  # As opening that run would resolve them.
   with pytest.raises(UserError, match='bytes after t'):
     lm.generate_until([])

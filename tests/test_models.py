@@ -252,13 +252,13 @@ def test_flat_model_is_the_zero_stage_case_of_the_interface():
   """The flat model through `interface.ByteLM`: no stages, no key, one mode; its objective and the
   evaluator's forward work on it as on any model, called the same way."""
   from tokjax import evaluator as evaluator_lib
-  from tokjax import losses, models  # pylint: disable=g-import-not-at-top
+  from tokjax import losses, models, stages  # pylint: disable=g-import-not-at-top
   from tokjax.config import files as config_files
   from tokjax.config import presets
 
   c = config_files.load('flat_cpu')
   presets.tiny(c)
-  model = models.build_model(c)
+  model = models.build_model(c, levels=stages.resolve(c))
   assert (model.num_stages, model.takes_key, model.boundary_modes) == (0, False, ('sample',))
   args = model.init_args(2, 16)
   assert len(args) == 1 and args[0].shape == (2, 16)
@@ -274,7 +274,7 @@ def test_flat_model_is_the_zero_stage_case_of_the_interface():
   targets = jnp.roll(tokens, -1, axis=1)
   mask = jnp.ones((2, 16), jnp.float32).at[1, 10:].set(0.0)
   batch = {'inputs': tokens, 'targets': targets, 'mask': mask}
-  loss, (metrics, ce) = losses.objective(c, model)(params, batch, key, 0)
+  loss, (metrics, ce) = losses.objective(c, model, levels=stages.resolve(c))(params, batch, key, 0)
   want = losses.cross_entropy(out.logits, targets) * mask
   np.testing.assert_allclose(ce, want, rtol=1e-6)
   np.testing.assert_allclose(loss, want.sum() / mask.sum(), rtol=1e-6)
@@ -418,9 +418,10 @@ TWO_STAGE_PARAM_PATHS = (
 def test_built_models_keep_the_parameter_paths_checkpoints_restore_into(config_fn, want):
   import conftest  # pylint: disable=g-import-not-at-top
 
-  from tokjax import models  # pylint: disable=g-import-not-at-top
+  from tokjax import models, stages  # pylint: disable=g-import-not-at-top
 
-  model = models.build_model(getattr(conftest, config_fn)('unused'))
+  c = getattr(conftest, config_fn)('unused')
+  model = models.build_model(c, levels=stages.resolve(c))
   init = lambda: nn.unbox(model.init(jax.random.PRNGKey(0), *model.init_args(1, 16)))
   leaves = jax.tree_util.tree_flatten_with_path(jax.eval_shape(init))[0]
   assert sorted('/'.join(k.key for k in path) for path, _ in leaves) == list(want)
@@ -431,10 +432,10 @@ def test_an_input_longer_than_training_keeps_every_boundary_training_had_room_fo
   with the row's length, so it equals the model with room for a chunk at every byte."""
   from conftest import tiny_config  # pylint: disable=g-import-not-at-top
 
-  from tokjax import decoding, models  # pylint: disable=g-import-not-at-top
+  from tokjax import decoding, models, stages  # pylint: disable=g-import-not-at-top
 
   c = tiny_config(str(tmp_path))
-  model = models.build_model(c)
+  model = models.build_model(c, levels=stages.resolve(c))
   assert (model.train_length, model.capacities()) == (64, (32,))
   params = jit_call(
       lambda *a: nn.unbox(model.init(*a)), jax.random.PRNGKey(0), *model.init_args(1, 64)

@@ -112,12 +112,12 @@ def test_one_stage_is_todays_model_composed_from_its_parts():
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-  from tokjax import estimator, losses, models  # pylint: disable=g-import-not-at-top
+  from tokjax import estimator, losses, models, stages  # pylint: disable=g-import-not-at-top
   from tokjax.models import chunking  # pylint: disable=g-import-not-at-top
 
   c = _small_config(stages=1, window=4)  # The sequential policy: its scan is part of the key path.
   c.model.capacity = 6  # Overflow: the capacity rule is part of today's model.
-  model = models.build_model(c)
+  model = models.build_model(c, levels=stages.resolve(c))
   batch = {k: jnp.asarray(v) for k, v in _batch().items()}
   key = jax.random.PRNGKey(3)
   params = _init(model, *models.init_args(c, 4, 32))
@@ -125,7 +125,9 @@ def test_one_stage_is_todays_model_composed_from_its_parts():
   # Spread the policy so that boundaries (and overflow) vary between rows.
   params['boundary']['proj']['kernel'] = params['boundary']['proj']['kernel'] * 40.0
 
-  loss, (metrics, _) = jax.jit(losses.objective(c, model))(params, batch, key, 0)
+  loss, (metrics, _) = jax.jit(losses.objective(c, model, levels=stages.resolve(c)))(
+      params, batch, key, 0
+  )
 
   @jax.jit
   def reference(params):
@@ -162,9 +164,9 @@ def test_second_stage_leaves_stage_zero_unchanged():
   parameters and key it draws the same stage-0 boundaries and early exit as the one-stage model."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from tokjax import models  # pylint: disable=g-import-not-at-top
+  from tokjax import models, stages  # pylint: disable=g-import-not-at-top
 
-  one, two = (models.build_model(_small_config(s)) for s in (1, 2))
+  one, two = (models.build_model(c, levels=stages.resolve(c)) for c in map(_small_config, (1, 2)))
   args = models.init_args(_small_config(1), 4, 32)
   p1, p2 = _init(one, *args), _init(two, *args)
   inner = {k for k in p2 if k.startswith('inner')}
@@ -189,11 +191,11 @@ def test_two_stage_output_has_the_documented_stage_shapes():
   reading stage 0's chunks, `sample_k`'s rows, and the objective's metrics named by stage_metric."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from tokjax import losses, models  # pylint: disable=g-import-not-at-top
+  from tokjax import losses, models, stages  # pylint: disable=g-import-not-at-top
   from tokjax.models import interface  # pylint: disable=g-import-not-at-top
 
   c = _small_config(stages=2)
-  model = models.build_model(c)
+  model = models.build_model(c, levels=stages.resolve(c))
   b, l, v, c0, c1 = 4, 32, 258, c.model.capacity, c.stages.s1.model.capacity
   assert (model.num_stages, model.takes_key, model.boundary_modes) == (
       2,
@@ -229,7 +231,9 @@ def test_two_stage_output_has_the_documented_stage_shapes():
   assert drawn.stages[1].valid.shape == (k * b, c0)
   names = interface.stage_metrics(model, 'rate')
   assert names == ['rate', 'stage1_rate']
-  _, (metrics, _) = losses.objective(c, model)(params, batch, jax.random.PRNGKey(1), 0)
+  _, (metrics, _) = losses.objective(c, model, levels=stages.resolve(c))(
+      params, batch, jax.random.PRNGKey(1), 0
+  )
   assert set(names) <= set(metrics)
   np.testing.assert_allclose(
       metrics['stage1_rate'],
@@ -525,7 +529,7 @@ def test_counterfactual_baselines_are_unbiased_and_measured_by_exact_enumeration
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
 
-  from tokjax import estimator, losses  # pylint: disable=g-import-not-at-top
+  from tokjax import estimator, losses, stages  # pylint: disable=g-import-not-at-top
   from tokjax.models import boundaries as bd  # pylint: disable=g-import-not-at-top
 
   l, model, params, a0, a1, tokens, targets, mask = _enumeration_setup()
@@ -541,6 +545,7 @@ def test_counterfactual_baselines_are_unbiased_and_measured_by_exact_enumeration
   objective_config = _small_config(2)
   objective_config.estimator.update(cfg.to_dict(), reward='counterfactual')
   objective_config.stages.s1.estimator.reward = 'counterfactual'
+  objective_levels = stages.resolve(objective_config)
 
   @jax.jit
   def measure(p):
@@ -623,6 +628,7 @@ def test_counterfactual_baselines_are_unbiased_and_measured_by_exact_enumeration
               key,
               0,
               cfg=objective_config,
+              levels=objective_levels,
               mode=('given',) * 2,
               actions=(x0, x1),
           )[0]
@@ -673,7 +679,7 @@ def test_stage_estimator_settings_default_to_the_shared_ones_and_touch_only_thei
   its forward pass is counted in the training FLOPs."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from tokjax import flops, losses, models  # pylint: disable=g-import-not-at-top
+  from tokjax import flops, losses, models, stages  # pylint: disable=g-import-not-at-top
   from tokjax.config import validation as config_validation
 
   batch = {k: np.asarray(v) for k, v in _batch().items()}
@@ -691,14 +697,14 @@ def test_stage_estimator_settings_default_to_the_shared_ones_and_touch_only_thei
     if fields:
       c.stages.s1.estimator.baseline = 'batch' if name == 'explicit' else 'none'
     config_validation.validate(c)
-    model = models.build_model(c)
+    model = models.build_model(c, levels=stages.resolve(c))
     if not runs:
       params = _init(model, *models.init_args(c, 4, 32))
-    loss, (metrics, _) = jax.jit(losses.objective(c, model))(
+    loss, (metrics, _) = jax.jit(losses.objective(c, model, levels=stages.resolve(c)))(
         params, batch, jax.random.PRNGKey(3), 0
     )
     runs[name] = {'loss': float(loss), **{k: float(v) for k, v in metrics.items()}}
-    forwards[name] = flops.training_forwards(c)
+    forwards[name] = flops.training_forwards(c, levels=stages.resolve(c))
   assert runs['explicit'] == runs['default']
   changed = runs['stage1']
   assert forwards == {'default': 3, 'explicit': 3, 'stage1': 4}

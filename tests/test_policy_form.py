@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import decoding, models
+from tokjax import decoding, models, stages
 from tokjax.config import saved
 from tokjax.config import validation as config_validation
 from tokjax.errors import UserError
@@ -163,10 +163,11 @@ def test_the_config_field_builds_the_form_and_rejects_others_in_one_line():
   c = tiny_config('')
   assert c.boundary.policy.form == 'auto'
   c.boundary.policy.form = 'scaled'
-  assert models.build_model(c).levels[0].boundary.form == 'scaled'
+  assert models.build_model(c, levels=stages.resolve(c)).levels[0].boundary.form == 'scaled'
   old = c.to_dict()
   del old['boundary']['policy']['form']  # A config saved before the field: today's policy.
-  assert models.build_model(saved.upgrade(old)).levels[0].boundary.form == 'auto'
+  new = saved.upgrade(old)
+  assert models.build_model(new, levels=stages.resolve(new)).levels[0].boundary.form == 'auto'
   c = tiny_config('')
   c.boundary.policy.form = 'softcap'
   with pytest.raises(UserError, match=r"^config.boundary.policy.form='softcap' must be one of"):

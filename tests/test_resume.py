@@ -137,7 +137,7 @@ def test_resume_with_another_model_names_the_changed_fields_and_touches_no_check
 ):
   import shutil  # pylint: disable=g-import-not-at-top
 
-  from tokjax import checkpointing, sharding  # pylint: disable=g-import-not-at-top
+  from tokjax import checkpointing, resuming, sharding  # pylint: disable=g-import-not-at-top
   from tokjax import trainer as trainer_lib
 
   workdir = str(tmp_path / 'run')
@@ -167,7 +167,8 @@ def test_resume_with_another_model_names_the_changed_fields_and_touches_no_check
   config = tiny_config(workdir)
   mgr = checkpointing.manager(workdir)
   trainer = trainer_lib.Trainer(config, sharding.make_mesh(config.mesh))
-  _, step = checkpointing.restore(mgr, trainer.abstract_state, config=config)
+  check = resuming.check(config, mgr, levels=trainer.levels)
+  _, step = checkpointing.restore(mgr, trainer.abstract_state, check=check)
   assert step == 6
 
 

@@ -13,6 +13,7 @@ import optax
 import pytest
 
 from tokjax import decoding, models
+from tokjax import stages as stages_lib
 from tokjax.data import BOS_ID, PAD_ID
 from tokjax.errors import UserError
 from tokjax.models import interface, registry
@@ -57,7 +58,8 @@ def _config(method, tokenizer_json=None, tmp=None, stages=1):
 
 def _boundary(method, tokenizer_json=None, tmp=None):
   """The registry's module for `method` (every rival of tokjax/models/rivals/ and the policy)."""
-  return models.build_boundary(_config(method, tokenizer_json, tmp))
+  c = _config(method, tokenizer_json, tmp)
+  return models.build_boundary(c, stages_lib.get(c, 0))
 
 
 RIVALS = [name for name, m in registry.methods().items() if not m.score_function]
@@ -113,7 +115,8 @@ def built(tokenizer_json, tmp_path_factory):
       if stages == 1:
         net = _model(_boundary(method, tokenizer_json, tmp))
       else:
-        net = models.build_model(_config(method, tokenizer_json, tmp, stages))
+        c = _config(method, tokenizer_json, tmp, stages)
+        net = models.build_model(c, levels=stages_lib.resolve(c))
       params = nn.unbox(
           jit_call(net.init, jax.random.PRNGKey(0), _text_tokens(0), jax.random.PRNGKey(3))
       )
@@ -344,12 +347,12 @@ def test_causal_bpe_fit_hits_the_causal_target_rate(tmp_path, shakespeare):
   c.boundary.method, c.boundary.target_rate = 'bpe', 0.4
   c.boundary.bpe.pretokenize = c.boundary.bpe_oracle.pretokenize = 'none'
   val = pipeline.load_splits(c.data)['val']
-  tok = bpe._load(bpe.cached_tokenizer_json(c))  # pylint: disable=protected-access
+  tok = bpe._load(bpe.cached_tokenizer_json(c, stages_lib.get(c, 0)))  # pylint: disable=protected-access
   assert abs(bpe.causal_rate(tok, val, 32) - 0.4) < 0.02
   # Whole-text tokens per byte, which the oracle's vocabulary is fitted to, is another rate.
   assert abs(bpe.tokens_per_byte(tok, val) - 0.4) > 0.05
   c.boundary.method = 'bpe_oracle'
-  oracle = bpe._load(bpe.cached_tokenizer_json(c))  # pylint: disable=protected-access
+  oracle = bpe._load(bpe.cached_tokenizer_json(c, stages_lib.get(c, 0)))  # pylint: disable=protected-access
   assert abs(bpe.tokens_per_byte(oracle, val) - 0.4) < 0.02
   assert abs(bpe.causal_rate(oracle, val, 32) - 0.4) > 0.04
   assert len(os.listdir(tmp_path / 'cache' / 'bpe')) == 2  # One cached tokenizer each.
@@ -466,7 +469,7 @@ def _policy_model(d_model, heads, window):
 
 
 def _model_of(c):
-  return models.build_model(c)
+  return models.build_model(c, levels=stages_lib.resolve(c))
 
 
 def test_independent_policy_starts_at_the_target_rate_at_large_width():
@@ -519,13 +522,13 @@ def test_bpe_without_pretokenization_merges_across_words_and_is_cached_apart(tmp
   fitted = {}
   for p in ('words', 'none'):
     c.boundary.bpe.pretokenize = p
-    fitted[p] = bpe._load(bpe.cached_tokenizer_json(c))  # pylint: disable=protected-access
+    fitted[p] = bpe._load(bpe.cached_tokenizer_json(c, stages_lib.get(c, 0)))  # pylint: disable=protected-access
   assert len(os.listdir(tmp_path / 'cache' / 'bpe')) == 2
   assert inner_space(fitted['none']) and not inner_space(fitted['words'])
   c.data.split_by = (
       'unit'  # Another training split (each file a unit here): a tokenizer of its own.
   )
-  bpe.cached_tokenizer_json(c)
+  bpe.cached_tokenizer_json(c, stages_lib.get(c, 0))
   assert len(os.listdir(tmp_path / 'cache' / 'bpe')) == 3
   c.data.split_by = 'document'
   c.boundary.bpe.pretokenize = 'sentences'

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import decoding, models, segment, tokenization
+from tokjax import decoding, models, segment, stages, tokenization
 from tokjax.config import defaults as config_defaults
 from tokjax.data import BOS_ID, PAD_ID, pipeline
 from tokjax.errors import UserError
@@ -28,7 +28,7 @@ def _fresh_model(byte_window=8, seq_len=48):
   c.model.d_model, c.model.byte_window, c.model.capacity = 32, byte_window, seq_len
   c.data.seq_len = seq_len
   c.boundary.policy.scale = 4.0  # Spread the untrained policy's probabilities so boundaries vary.
-  model = models.build_model(c)
+  model = models.build_model(c, levels=stages.resolve(c))
   params = nn.unbox(
       jit_call(model.init, jax.random.PRNGKey(3), *models.init_args(c, 1, seq_len))['params']
   )
@@ -59,7 +59,7 @@ def test_offsets_tile_the_input_exactly_once(tiny_run, tmp_path):
 def test_windows_leave_no_seams():
   """With overlap = the encoder's receptive field, windowed probabilities equal one long pass."""
   c, model, params = _fresh_model()
-  overlap = tokenization.window_overlap(c)
+  overlap = tokenization.window_overlap(c, levels=stages.resolve(c))
   assert overlap == 7
   text = TEXT[:300]
   actions, probs = tokenization.segment_text(

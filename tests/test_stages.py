@@ -7,13 +7,15 @@ import os
 import pathlib
 
 from absl import flags
+from conftest import tiny_two_stage_config
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from ml_collections import config_flags
 import pytest
 
-from tokjax import models, stages
+from tokjax import compile_check, models, sharding, stages
+from tokjax import trainer as trainer_lib
 from tokjax.config import defaults as config_defaults
 from tokjax.config import files as config_files
 from tokjax.config import validation as config_validation
@@ -77,7 +79,7 @@ def test_a_per_stage_override_on_the_command_line_reaches_that_stage_alone():
   assert (first.estimator.gamma, first.target_rate, first.decoder_layers) == (0.99, 0.2, 1)
   assert second.where('estimator.gamma') == 'config.stages.s1.estimator.gamma'
   # The model reads it: stage 1's decoder has two blocks, stage 0's byte decoder one.
-  model = models.build_model(c)
+  model = models.build_model(c, levels=(first, second))
   assert model.stack_settings('decoder', 1).num_layers == 2
   assert model.stack_settings('decoder').num_layers == 1
 
@@ -88,7 +90,7 @@ def test_a_methods_own_settings_can_differ_per_stage():
   first, second = stages.resolve(c)
   assert (first.settings.window, second.settings.window) == (1, 4)
   assert second.where('settings.window') == 'config.stages.s1.boundary.policy.window'
-  model = models.build_model(c)
+  model = models.build_model(c, levels=(first, second))
   assert tuple(lv.boundary.window for lv in model.levels) == (1, 4)
   # Each stage's policy has the parameters of its own window.
   params = jax.eval_shape(model.init, jax.random.PRNGKey(0), *models.init_args(c, 2, 64))
@@ -112,8 +114,9 @@ def test_a_third_stage_is_one_more_section():
   c.stages.s2 = config_defaults.stage_section()
   c.stages.s2.model.capacity = 4
   config_validation.validate(c)
-  assert [st.capacity for st in stages.resolve(c)] == [32, 16, 4]
-  assert models.build_model(c).capacities() == (32, 16, 4)
+  levels = stages.resolve(c)
+  assert [st.capacity for st in levels] == [32, 16, 4]
+  assert models.build_model(c, levels=levels).capacities() == (32, 16, 4)
 
 
 def test_a_stack_takes_one_settings_object():
@@ -237,3 +240,77 @@ def test_no_library_function_takes_more_than_six_positional_parameters():
       if (rel.as_posix(), name) not in _POSITIONAL_EXEMPT:
         found.append(f'tokjax/{rel.as_posix()}:{line}: {name} takes {count} positional parameters')
   assert not found, found
+
+
+# The entry points where a config's stages are resolved, each once; every other library module takes
+# the levels they pass down (`levels=`, or one `stages.Stage`).
+_DOORS = {
+    'config/validation.py': 'validate checks the levels it resolves and returns them to its caller',
+    'trainer.py': 'a Trainer whose caller passes no levels (a test, a lab script) resolves its own',
+    'sample.py': "refuses a look-ahead method from the run's saved config before it opens the run",
+    'export/exporter.py': 'refuses an unexportable method likewise, before it opens the run',
+    'resuming.py': "a resumed run's saved config, compared with the levels of the resuming one",
+}
+
+
+def _resolutions(source: str):
+  """(line, callee) of each call of `stages.resolve` or `stages.get`, however tokjax.stages is
+  imported."""
+  tree = ast.parse(source)
+  modules, functions = {'tokjax.stages'}, set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module == 'tokjax':
+      modules |= {a.asname or a.name for a in node.names if a.name == 'stages'}
+    elif isinstance(node, ast.ImportFrom) and node.module == 'tokjax.stages':
+      functions |= {a.asname or a.name for a in node.names if a.name in ('resolve', 'get')}
+    elif isinstance(node, ast.Import):
+      modules |= {a.asname for a in node.names if a.name == 'tokjax.stages' and a.asname}
+  for node in ast.walk(tree):
+    if not isinstance(node, ast.Call):
+      continue
+    f = node.func
+    called = isinstance(f, ast.Attribute) and f.attr in ('resolve', 'get')
+    if (called and ast.unparse(f.value) in modules) or (
+        isinstance(f, ast.Name) and f.id in functions
+    ):
+      yield node.lineno, ast.unparse(f)
+
+
+def test_only_the_entry_points_resolve_the_stages():
+  # The check itself finds every form of the call, and no other `get`.
+  snippet = (
+      'from tokjax import stages as s\nfrom tokjax.stages import get\nimport tokjax.stages\n'
+      'a = s.resolve(c)\nb = get(c, 0)\nd = tokjax.stages.get(c, 1)\ne = config.get("x")\n'
+  )
+  assert [e for _, e in _resolutions(snippet)] == ['s.resolve', 'get', 'tokjax.stages.get']
+  package = pathlib.Path(stages.__file__).parent
+  found = []
+  for path in sorted(package.rglob('*.py')):
+    rel = path.relative_to(package)
+    # The resolver itself, and the lab's scripts, which are entry points of their own.
+    if rel.as_posix() in _DOORS or path.name == 'stages.py' or 'lab' in rel.parts:
+      continue
+    found += [f'tokjax/{rel.as_posix()}:{n}: {e}' for n, e in _resolutions(path.read_text())]
+  assert not found, found
+  # Each door still resolves (the table names no module that has stopped).
+  assert all(list(_resolutions((package / door).read_text())) for door in _DOORS)
+
+
+def test_the_trainer_resolves_the_stages_once_for_its_model_and_steps(resolutions):
+  c = tiny_two_stage_config('unused')
+  mesh = sharding.make_mesh(c.mesh)
+  batch, key = compile_check.abstract_inputs(c, mesh)
+
+  def build_and_trace(**levels):
+    trainer = trainer_lib.Trainer(c, mesh, **levels)
+    # Tracing runs every Python line of the train and eval steps (the objectives included).
+    trainer.lower_train_step(trainer.abstract_state, batch, key)
+    for mode in trainer.model.boundary_modes:
+      trainer.lower_eval_step(trainer.abstract_state.params, batch, key, mode)
+
+  build_and_trace()
+  assert len(resolutions) == 1
+  # As `python -m tokjax.train` does: validation resolves, and the Trainer takes its levels.
+  resolutions.clear()
+  build_and_trace(levels=config_validation.validate(c))
+  assert len(resolutions) == 1

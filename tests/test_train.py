@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tokjax import checkpointing, inspection, losses, sharding, train
+from tokjax import checkpointing, inspection, losses, sharding, stages, train
 from tokjax import trainer as trainer_lib
 from tokjax.data import pipeline
 from tokjax.errors import UserError
@@ -78,8 +78,8 @@ def test_nan_loss_stops_with_a_message_and_keeps_the_checkpoint_valid(tmp_path, 
   with one message and resumes from the last good checkpoint."""
   real_objective = losses.objective
 
-  def poisoned(config, model, mode='sample'):
-    f = real_objective(config, model, mode)
+  def poisoned(config, model, mode='sample', *, levels):
+    f = real_objective(config, model, mode, levels=levels)
 
     def g(params, batch, key, step):
       loss, aux = f(params, batch, key, step)
@@ -266,7 +266,9 @@ def test_progress_rows_carry_model_flops_and_profile_steps_are_traced(tmp_path):
   row = next(
       r for r in read_metrics(str(tmp_path / 'run' / 'metrics.jsonl')) if r['split'] == 'train'
   )
-  per_byte = flops.step_flops(c, row['rate']) / (c.data.batch_size * c.data.seq_len)
+  per_byte = flops.step_flops(c, row['rate'], levels=stages.resolve(c)) / (
+      c.data.batch_size * c.data.seq_len
+  )
   assert row['model_tflops'] * 1e12 == pytest.approx(per_byte * row['bytes_per_s'], rel=1e-6)
   assert 0 < row['mfu'] < 1
   traces = list((tmp_path / 'run' / 'profile').rglob('*.xplane.pb'))

@@ -88,7 +88,7 @@ def test_leave_one_out_baseline_applies_at_every_stage():
   c.estimator.update(baseline='rloo', gamma=1.0)
   c.estimator.rloo.k = 2
   config_validation.validate(c)
-  model, batch = models.build_model(c), _batch(c)
+  model, batch = models.build_model(c, levels=stages.resolve(c)), _batch(c)
   init = jax.jit(lambda t: model.init(jax.random.PRNGKey(0), t, jax.random.PRNGKey(1)))
   params = init(batch['inputs'])['params']
   k, b = 2, c.data.batch_size
@@ -104,7 +104,7 @@ def test_leave_one_out_baseline_applies_at_every_stage():
   r = estimator.rewards(ce_full, ce_early, c.estimator.reward) * mask
   adv, _, _, _ = estimator.advantages_and_returns(r, mask, c.estimator)
   np.testing.assert_allclose(np.asarray(adv[:b] + adv[b:]), 0.0, atol=1e-5)
-  objective = jax.jit(losses.objective(c, model))
+  objective = jax.jit(losses.objective(c, model, levels=stages.resolve(c)))
   loss, (metrics, _) = objective(params, batch, jax.random.PRNGKey(2), 0)
   assert np.isfinite(float(loss)) and float(metrics['stage1_policy_loss']) != 0.0
 
@@ -120,7 +120,7 @@ def test_inner_straight_through_factor_follows_the_executed_action(method):
   c = config_files.load('two_stage', 'hnet,tiny')
   c.stages.s1.boundary.method = method
   config_validation.validate(c)
-  model, batch = models.build_model(c), _batch(c)
+  model, batch = models.build_model(c, levels=stages.resolve(c)), _batch(c)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), batch['inputs'], jax.random.PRNGKey(1))
   tokens = batch['inputs']
 

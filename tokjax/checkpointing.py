@@ -1,5 +1,6 @@
-"""Orbax checkpoints of a run: saving, and validated restoring to resume training (opening a saved
-run for inspection is tokjax.inspection's).
+"""Orbax checkpoints of a run: saving, and validated restoring to resume training (what a resumed
+run's config may change is tokjax.resuming's, which restore calls back; opening a saved run for
+inspection is tokjax.inspection's). Storage sits below the trainer: it builds no model.
 
 A checkpoint step directory holds `state` (restorable onto any mesh: pass an abstract state whose
 leaves carry the target shardings), `data` (the train iterator's state, so a resumed run sees exactly
@@ -14,7 +15,6 @@ reported in one line naming the step and the bad item, and the next older step i
 step was demanded (`step=`), which then either loads or raises UserError.
 """
 
-import dataclasses
 import errno
 import logging
 import os
@@ -26,8 +26,7 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from tokjax import paths, sharding, stages
-from tokjax import trainer as trainer_lib
+from tokjax import paths
 from tokjax.config import defaults as config_defaults
 from tokjax.config import saved as config_saved
 from tokjax.errors import UserError
@@ -268,141 +267,7 @@ def read_config(mgr, step: int) -> ml_collections.ConfigDict:
     raise UserError(f'checkpoint step {step} in {mgr.directory}: {e}') from None
 
 
-# Sections a resumed run may change freely: how long and how often it runs and saves (train), and the
-# device layout (the state restores onto any mesh).
-RUN_CONTROL = ('train', 'mesh')
-
-
-_ABSENT = object()
-
-
-def _differences(saved, config) -> list[tuple[str, object, object]]:
-  """(dotted field, saved value, value now) of each field outside `RUN_CONTROL` whose value differs
-  between the saved config and config (tuples and JSON's lists compare equal; a field only one has
-  is `_ABSENT` in the other)."""
-
-  def plain(v):
-    if isinstance(v, (dict, ml_collections.ConfigDict)):
-      return {k: plain(x) for k, x in v.items()}
-    return tuple(plain(x) for x in v) if isinstance(v, (list, tuple)) else v
-
-  def walk(a, b, name):
-    if isinstance(a, dict) and isinstance(b, dict):
-      for k in sorted(set(a) | set(b)):
-        yield from walk(a.get(k, _ABSENT), b.get(k, _ABSENT), f'{name}.{k}')
-    elif a != b:
-      yield name, a, b
-
-  a, b = plain(saved), plain(config)
-  return [
-      d
-      for k in sorted(set(a) | set(b))
-      if k not in RUN_CONTROL
-      for d in walk(a.get(k, _ABSENT), b.get(k, _ABSENT), k)
-  ]
-
-
-def config_changes(saved, config) -> list[str]:
-  """'config.F: A saved, B now' for each field F outside `RUN_CONTROL` whose value differs between
-  the saved config and config (tuples and JSON's lists compare equal; a field only one has is
-  'absent' in the other)."""
-  shown = lambda v: 'absent' if v is _ABSENT else repr(v)
-  differences = _differences(saved, config)
-  if _same_stages(saved, config):
-    # A stage section that now inherits what it used to set (or the reverse) changes nothing.
-    differences = [d for d in differences if not d[0].startswith('stages.')]
-  return [f'config.{f}: {shown(a)} saved, {shown(b)} now' for f, a, b in differences]
-
-
-def _same_stages(saved, config) -> bool:
-  """Whether both configs resolve to the same stages (where each value came from aside)."""
-
-  def resolved(c):
-    return [dataclasses.replace(s, sources=stages.Settings()) for s in stages.resolve(c)]
-
-  try:
-    return resolved(saved) == resolved(config)
-  except UserError:
-    return False
-
-
-def _shape_fields(saved, config) -> list[tuple[str, object, object]]:
-  """The differences between saved and config (`_differences`) that alone give the saved config
-  other parameter shapes: each is tried on a copy of the saved config (on config's mesh)."""
-  mesh = sharding.make_mesh(config.mesh)
-
-  def shapes(c):
-    try:
-      return _leaf_shapes(trainer_lib.Trainer(c, mesh).abstract_state.params)
-    except UserError:  # The field alone makes no valid config: it is not the one to name.
-      return None
-
-  def saved_with(dotted=None, value=None):
-    c = saved.copy_and_resolve_references()
-    c.mesh = config.mesh.copy_and_resolve_references()
-    if dotted:
-      *parents, leaf = dotted.split('.')
-      node = c
-      for p in parents:
-        node = node[p]
-      node[leaf] = value
-    return c
-
-  plain = lambda v: v is not _ABSENT and not isinstance(v, dict)
-  before = shapes(saved_with())
-  return [
-      (dotted, a, b)
-      for dotted, a, b in _differences(saved, config)
-      if before is not None
-      and plain(a)
-      and plain(b)
-      and shapes(saved_with(dotted, b)) not in (None, before)
-  ]
-
-
-def _misfit(mgr, saved, config) -> str:
-  """The one line for a resume whose config builds parameters of other shapes than the run's."""
-  fields = _shape_fields(saved, config)
-  if not fields:
-    return (
-        f'the run in {mgr.directory} was trained with another config, and its checkpoints do not '
-        f'fit this one ({"; ".join(config_changes(saved, config))}); resume with the saved '
-        'values, or train this config in a new --config.train.workdir.'
-    )
-  shown = ', '.join(f'config.{f}={a!r} ({b!r} now)' for f, a, b in fields)
-  flags_ = ' '.join(f'--config.{f}={a}' for f, a, _ in fields)
-  return (
-      f'the run in {mgr.directory} was trained with {shown}, which sets the shapes of its '
-      f'parameters; resume with {flags_}, or train this config in a new --config.train.workdir.'
-  )
-
-
-def check_schedule(saved, config, step: int, extend: bool) -> None:
-  """A resume from `step` whose config.train.steps differs from the run's reshapes the learning-rate
-  schedule (`trainer.learning_rate_schedule` decays to train.steps): UserError unless `extend`,
-  then a note on what the schedule becomes. Nothing to say when no step is left to train."""
-  old, new = saved.train.steps, config.train.steps
-  if old == new or step >= new:
-    return
-  was = float(trainer_lib.learning_rate_schedule(saved.optim, old)(step))
-  now = float(trainer_lib.learning_rate_schedule(config.optim, new)(step))
-  end = config.optim.lr * config.optim.min_lr_factor
-  if not extend:
-    raise UserError(
-        f'the run was trained with config.train.steps={old} and this resume asks for {new}, which '
-        f'reshapes its learning-rate schedule from step {step} on (the rate there becomes '
-        f'{now:.3g}, not {was:.3g}); resume with --config.train.steps={old}, or pass '
-        f'--extend_schedule to decay the schedule to step {new} instead.'
-    )
-  print(
-      f'note: --extend_schedule: the learning-rate schedule now decays by cosine to {end:.3g} at '
-      f'step {new} instead of step {old}; at step {step} the rate goes from {was:.3g} to '
-      f'{now:.3g}.',
-      flush=True,
-  )
-
-
-def _leaf_shapes(tree) -> dict[str, tuple]:
+def leaf_shapes(tree) -> dict[str, tuple]:
   """{'params.decoder.block_0...': shape} of a pytree of arrays, abstract arrays or orbax metadata."""
   name = lambda k: str(getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k))))
   return {
@@ -418,7 +283,7 @@ def _state_fits(mgr, step: int, abstract_state) -> bool:
     saved = ocp.StandardCheckpointHandler().metadata(mgr.directory / str(step) / 'state')
   except Exception as e:  # pylint: disable=broad-except
     raise BadStep(f'its "state" item fails to load ({first_line(e)})') from None
-  return _leaf_shapes(saved.tree) == _leaf_shapes(abstract_state)
+  return leaf_shapes(saved.tree) == leaf_shapes(abstract_state)
 
 
 def steps_to_try(mgr, step: int | None) -> list[int]:
@@ -439,18 +304,18 @@ def warn_fallback(mgr, step: int, why: str, rest: list[int]) -> None:
   )
 
 
-def restore(mgr, abstract_state, data_iterator=None, step=None, config=None, extend_schedule=False):
+def restore(mgr, abstract_state, data_iterator=None, step=None, *, check=None):
   """Restores (state, step) from `step`, or from the latest step that loads; advances
   data_iterator in place. Damaged steps are reported and skipped (see the module docstring).
 
-  config: the config of the run that resumes. A state that its saved config built and this one
-  cannot hold is no damage: it raises UserError naming the fields that differ (`config_changes`)
-  before any checkpoint is read further or skipped. Changes that the state fits are printed in one
-  note. A changed config.train.steps is refused unless extend_schedule (`check_schedule`).
+  check: what the run that resumes asks of each step before its state loads (`resuming.check`),
+  called as check(saved config, step, fits) where fits says whether the step's state fits
+  abstract_state. It raises UserError to refuse the resume before any checkpoint is read further or
+  skipped (a state that the saved config built and the resuming one cannot hold is no damage), and
+  may print what changed. A state that does not fit and that check lets pass is damage.
 
-  Raises UserError when there is no checkpoint, when the demanded step is damaged, when config
-  builds another state than the checkpoint holds (naming the fields that set its shapes), when
-  config.train.steps changed without extend_schedule, or when no step loads.
+  Raises UserError when there is no checkpoint, when the demanded step is damaged, when check
+  refuses, or when no step loads.
   """
   candidates = steps_to_try(mgr, step)
   if not candidates:
@@ -462,15 +327,11 @@ def restore(mgr, abstract_state, data_iterator=None, step=None, config=None, ext
       if problem:
         raise BadStep(problem)
       saved = read_config(mgr, s)
-      changes = [] if config is None else config_changes(saved, config)
-      if not _state_fits(mgr, s, abstract_state):
-        if changes:
-          raise UserError(_misfit(mgr, saved, config))
+      fits = _state_fits(mgr, s, abstract_state)
+      if check is not None:
+        check(saved, s, fits)
+      if not fits:
         raise BadStep('its "state" item holds other arrays than the model being restored')
-      if config is not None:
-        check_schedule(saved, config, s, extend_schedule)
-      if changes:
-        print(f'note: resuming with a changed config ({"; ".join(changes)}).', flush=True)
       state = _load_item(mgr, s, 'state', ocp.args.StandardRestore(abstract_state))
       if data_iterator is not None:
         _load_item(mgr, s, 'data', grain.checkpoint.CheckpointRestore(data_iterator))

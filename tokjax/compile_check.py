@@ -201,11 +201,11 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
   says, the bytes it needed; other compile errors propagate.
   """
 
-  from tokjax import flops, sharding, stages  # pylint: disable=g-import-not-at-top
+  from tokjax import flops, sharding  # pylint: disable=g-import-not-at-top
   from tokjax import trainer as trainer_lib
   from tokjax.config import validation as config_validation
 
-  config_validation.validate(config)
+  levels = config_validation.validate(config)
   mesh = sharding.make_mesh(config.mesh, devices)
   shards = mesh.shape['data'] * mesh.shape['fsdp']
   if config.data.batch_size % shards:
@@ -213,10 +213,10 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
         f'config.data.batch_size={config.data.batch_size} does not split into data*fsdp={shards} '
         'shards; use a multiple (or --per_device_batch).'
     )
-  trainer = trainer_lib.Trainer(config, mesh)
+  trainer = trainer_lib.Trainer(config, mesh, levels=levels)
   state, shard = trainer.abstract_state, trainer.state_sharding
   batch, key = abstract_inputs(config, mesh)
-  analytic = flops.step_flops(config)
+  analytic = flops.step_flops(config, levels=levels)
   report = {
       'topology_devices': len(devices),
       'device_kind': devices[0].device_kind,
@@ -234,7 +234,7 @@ def check(config, devices, hbm_bytes=None, compile_eval: bool = True) -> dict:
       'analytic_flops_per_device': analytic / len(devices),
       # The method's work with the main network on target_rate * L chunks (MFU counts these).
       'model_flops_per_step_at_target_rate': flops.step_flops(
-          config, stages.get(config, 0).target_rate
+          config, levels[0].target_rate, levels=levels
       )
       if trainer.model.num_stages
       else analytic,

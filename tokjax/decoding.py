@@ -58,10 +58,11 @@ from tokjax.models import boundaries as bd
 from tokjax.models import chunking, interface, layers, registry
 
 
-def check_causal(config) -> None:
-  """UserError naming the first stage whose boundary method sees bytes after t (its registry entry's
-  `lookahead`): generation decides each boundary before those bytes exist."""
-  for st in stages.resolve(config)[: models.num_stages(config)]:
+def check_causal(config, *, levels: stages.Levels) -> None:
+  """UserError naming the first stage of config's model whose boundary method sees bytes after t (its
+  registry entry's `lookahead`): generation decides each boundary before those bytes exist. levels:
+  config's (`stages.resolve`)."""
+  for st in levels[: models.num_stages(config)]:
     if registry.get(st.method).lookahead:
       raise UserError(
           f'{st.where("method")}={st.method!r} decides the boundary at byte t from bytes after t '

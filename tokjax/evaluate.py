@@ -218,7 +218,7 @@ def run_evaluation(
   elif bpe and has_boundaries:
     from tokjax.models.rivals import bpe as bpe_rival  # pylint: disable=g-import-not-at-top
 
-    target = stages.get(config, 0).target_rate
+    target = ckpt.levels[0].target_rate
     tok, vocab, rate = bpe_rival.fit_tokenizer(splits['train'], splits['val'], target)
     bpe_info = {'vocab_size': vocab, 'rate': rate, 'target_rate': target}
     starts = [bpe_token_starts(tok, d) for d in docs]

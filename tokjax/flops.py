@@ -63,8 +63,9 @@ def _window_keys(seq_len: int, window: int, executed: bool) -> float:
   return sum(min(t + 1, window) for t in range(seq_len)) / seq_len
 
 
-def forward_flops_per_sequence(config, rate=None) -> float:
-  """Forward FLOPs of one sequence of config.data.seq_len bytes (see the module docstring).
+def forward_flops_per_sequence(config, rate=None, *, levels: stages_lib.Levels) -> float:
+  """Forward FLOPs of one sequence of config.data.seq_len bytes (see the module docstring); levels:
+  config's (`stages.resolve`).
 
   rate: None (executed count), the chunks per byte of stage 0, or a sequence with one rate per stage
   (stage s >= 1: boundaries per chunk of stage s - 1; a stage without one is costed at its target).
@@ -73,7 +74,6 @@ def forward_flops_per_sequence(config, rate=None) -> float:
   d, v = m.d_model, VOCAB_SIZE
   executed = rate is None
   stages = models.num_stages(config)
-  levels = stages_lib.resolve(config)
   if not stages:  # The flat model: its one stage (built by no one) holds its window.
     keys = _window_keys(seq, levels[0].window, executed)
     return m.num_layers * _block(seq, d, m.mlp_ratio * d, keys) + 2 * seq * d * v
@@ -108,26 +108,28 @@ def _policy_width(stage) -> int:
   return stage.settings.window if stage.method == 'policy' else 0
 
 
-def training_forwards(config) -> int:
+def training_forwards(config, *, levels: stages_lib.Levels) -> int:
   """Forward passes' worth of work in one training step: TRAIN_MULTIPLIER, plus one per stage whose
-  reward is a counterfactual (tokjax/losses.py)."""
-  return TRAIN_MULTIPLIER + len(losses.counterfactual_stages(config))
+  reward is a counterfactual (tokjax/losses.py); levels: config's."""
+  return TRAIN_MULTIPLIER + len(losses.counterfactual_stages(config, levels=levels))
 
 
-def step_flops(config, rate=None) -> float:
-  """Training FLOPs of one step of the global batch (config.data.batch_size x seq_len bytes).
+def step_flops(config, rate=None, *, levels: stages_lib.Levels) -> float:
+  """Training FLOPs of one step of the global batch (config.data.batch_size x seq_len bytes);
+  levels: config's (`stages.resolve`).
 
   rate: the step's realised chunks per byte (metrics['rate']) for model FLOPs; None for the FLOPs
   the compiled step executes (every chunk slot of the capacity).
   """
-  return (
-      training_forwards(config) * config.data.batch_size * forward_flops_per_sequence(config, rate)
-  )
+  forwards = training_forwards(config, levels=levels)
+  per_sequence = forward_flops_per_sequence(config, rate, levels=levels)
+  return forwards * config.data.batch_size * per_sequence
 
 
-def flops_per_byte(config, rate=None) -> float:
+def flops_per_byte(config, rate=None, *, levels: stages_lib.Levels) -> float:
   """Training FLOPs per training byte (rate as in `step_flops`; default model count at target rate)."""
-  return training_forwards(config) * forward_flops_per_sequence(config, rate) / config.data.seq_len
+  forwards = training_forwards(config, levels=levels)
+  return forwards * forward_flops_per_sequence(config, rate, levels=levels) / config.data.seq_len
 
 
 def peak_flops(device=None, cpu_peak=None) -> float | None:

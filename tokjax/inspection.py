@@ -14,7 +14,7 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from tokjax import checkpointing, paths, sharding
+from tokjax import checkpointing, paths, sharding, stages
 from tokjax import evaluator as evaluator_lib
 from tokjax import trainer as trainer_lib
 from tokjax.config import validation as config_validation
@@ -34,6 +34,11 @@ class Checkpoint:
   @property
   def model(self):
     return self.trainer.model
+
+  @property
+  def levels(self) -> stages.Levels:
+    """The saved config's levels, resolved once when the run was opened (`stages.resolve`)."""
+    return self.trainer.levels
 
   def steps(self) -> list[int]:
     """The run folder's checkpoint steps, ascending."""
@@ -129,8 +134,9 @@ def _load_step(mgr, path: str, step: int, mesh, trainer=None) -> Checkpoint:
     config = trainer.config
   else:
     try:
-      config_validation.validate(config)
-      trainer = trainer_lib.Trainer(config, inspection_mesh(config) if mesh is None else mesh)
+      levels = config_validation.validate(config)
+      mesh = inspection_mesh(config) if mesh is None else mesh
+      trainer = trainer_lib.Trainer(config, mesh, levels=levels)
     except (KeyError, AttributeError, TypeError, UserError) as e:
       # Not damage: every step of the run holds this config, so no older step is tried.
       raise UserError(

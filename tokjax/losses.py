@@ -64,15 +64,16 @@ def boundary_metrics(tokens, actions, mask, dropped=None):
 COUNTERFACTUAL_KEY = 1 << 20
 
 
-def counterfactual_stages(config) -> tuple[tuple[int, str], ...]:
-  """(s, reward kind) of every stage whose score function uses a counterfactual reward.
+def counterfactual_stages(config, *, levels: stages.Levels) -> tuple[tuple[int, str], ...]:
+  """(s, reward kind) of every stage of config's model whose score function uses a counterfactual
+  reward; levels: config's (`stages.resolve`).
 
   Each costs one more forward pass per training step (the module docstring).
   """
   out = []
-  for st in stages.resolve(config)[: models.num_stages(config)]:
+  for st in levels[: models.num_stages(config)]:
     kind = st.estimator.reward
-    if models.trains_score_function(config, st.level) and estimator.counterfactual_mode(kind):
+    if models.trains_score_function(config, st) and estimator.counterfactual_mode(kind):
       out.append((st.level, kind))
   return tuple(out)
 
@@ -96,12 +97,12 @@ def counterfactual_ce(model, params, tokens, targets, mask, out, *, key, s: int,
   return jax.lax.stop_gradient(cross_entropy(cf.logits, targets)) * mask
 
 
-def objective(config, model, mode: str = 'sample'):
+def objective(config, model, mode: str = 'sample', *, levels: stages.Levels):
   """(params, batch, key, step) -> (loss, (metrics, ce float32[B, L])) for this config's model
-  (`models.build_model(config)`)."""
+  (`models.build_model(config, levels=levels)`); levels: config's (`stages.resolve`)."""
   if not model.num_stages:
     return functools.partial(flat_objective, model)
-  return functools.partial(hierarchical_objective, model, cfg=config, mode=mode)
+  return functools.partial(hierarchical_objective, model, cfg=config, levels=levels, mode=mode)
 
 
 def flat_objective(model, params, batch, key, step):
@@ -113,16 +114,18 @@ def flat_objective(model, params, batch, key, step):
   return loss, ({'loss': loss, 'bpb': loss / LN2}, ce * mask)
 
 
-def hierarchical_objective(model, params, batch, key, step, *, cfg, mode='sample', actions=None):
+def hierarchical_objective(
+    model, params, batch, key, step, *, cfg, levels: stages.Levels, mode='sample', actions=None
+):
   """The paper's total loss for one batch with boundaries drawn by `mode` ('sample' in training).
 
-  cfg: the full config: stage 0's estimator settings apply when it trains with the score function
-  (`models.trains_score_function`). actions: the executed actions of the stages `mode` gives ('given', or a tuple
+  cfg: the full config, and levels its levels (`stages.resolve`): each stage's estimator settings
+  apply when it trains with the score function (`models.trains_score_function`). actions: the executed actions of the stages `mode` gives ('given', or a tuple
   of one mode per stage), as the model's __call__ takes them (exact-enumeration tests); one draw per
   sequence only. Returns (loss, (metrics, CE_full float32[B, L])).
   """
-  est = stages.get(cfg, 0).estimator
-  score_function = models.trains_score_function(cfg, 0)
+  est = levels[0].estimator
+  score_function = models.trains_score_function(cfg, levels[0])
   kwargs = {} if actions is None else {'actions': actions}
   if est.off_policy_steps > 0:
     kwargs['behavior'] = step < est.off_policy_steps
@@ -153,7 +156,7 @@ def hierarchical_objective(model, params, batch, key, step, *, cfg, mode='sample
   metrics = {'bpb': loss_full / LN2, 'bpb_early': loss_early / LN2}
   # Each stage's baseline CE: its early exit, or its counterfactual (one more forward pass each).
   ce_base = [ce_early] + ce_early_inner
-  for s, kind in counterfactual_stages(cfg):
+  for s, kind in counterfactual_stages(cfg, levels=levels):
     ce_base[s] = counterfactual_ce(
         model, params, inputs, targets, mask, out, key=key, s=s, kind=kind
     )
@@ -168,7 +171,7 @@ def hierarchical_objective(model, params, batch, key, step, *, cfg, mode='sample
   metrics.update({k: v for k, v in bnd.stats.items() if jnp.ndim(v) == 0})
   for s, (st, ce_early_s) in enumerate(zip(inner, ce_early_inner), start=1):
     stage_loss, stage_metrics = inner_stage_terms(
-        cfg, s, st, ce_full, ce_early_s, mask, ce_base=ce_base[s]
+        cfg, levels[s], st, ce_full, ce_early_s, mask, ce_base=ce_base[s]
     )
     loss = loss + stage_loss
     metrics.update({interface.stage_metric(s, k): v for k, v in stage_metrics.items()})
@@ -177,8 +180,9 @@ def hierarchical_objective(model, params, batch, key, step, *, cfg, mode='sample
   return loss, (metrics, ce_full[: batch['mask'].shape[0]])
 
 
-def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask, *, ce_base=None):
-  """The losses and metrics of stage s >= 1 (`stage`: the model output's `StageOutput` s).
+def inner_stage_terms(cfg, level: stages.Stage, stage, ce_full, ce_early, mask, *, ce_base=None):
+  """The losses and metrics of stage s >= 1 (`level`: its `tokjax.stages.Stage`, one of cfg's
+  levels; `stage`: the model output's `StageOutput` s).
 
   ce_base: float32[B, L], the CE its reward is taken against (default ce_early, its early exit; its
   counterfactual's under a counterfactual reward).
@@ -191,13 +195,13 @@ def inner_stage_terms(cfg, s: int, stage, ce_full, ce_early, mask, *, ce_base=No
   bnd, valid = stage.boundaries, stage.valid.astype(jnp.float32)
   loss = bnd.aux_loss
   metrics = {'bpb_early': masked_mean(ce_early, mask) / LN2}
-  if models.trains_score_function(cfg, s):
+  if models.trains_score_function(cfg, level):
     rl_loss, rl_metrics = estimator.score_function_terms(
         ce_full,
         ce_early if ce_base is None else ce_base,
         bnd,
         mask,
-        stages.get(cfg, s).estimator,
+        level.estimator,
         positions=stage.positions,
     )
     loss = loss + rl_loss

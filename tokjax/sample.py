@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from tokjax import cli, decoding, inspection, tokenization
+from tokjax import stages as stages_lib
 from tokjax.errors import UserError
 from tokjax.models import interface
 
@@ -131,8 +132,10 @@ def main(argv):
     raise UserError(f'--boundaries={f.boundaries!r} is not valid; use sample or greedy.')
   if f.top_k < 0 or f.temperature < 0:
     raise UserError('--top_k and --temperature must not be negative.')
-  # Before the model is built: a refused method needs no tokenizer or weights to say so.
-  decoding.check_causal(inspection.load_config(f.checkpoint)[0])
+  # Before the model is built: a refused method needs no tokenizer or weights to say so. So the
+  # saved config's levels are resolved here, apart from the run that load_checkpoint opens.
+  saved = inspection.load_config(f.checkpoint)[0]
+  decoding.check_causal(saved, levels=stages_lib.resolve(saved))
   ckpt = inspection.load_checkpoint(f.checkpoint, f.step)
   stages = interface.byte_levels(ckpt.model)
   header = 'flat model (no chunks)'

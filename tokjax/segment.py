@@ -178,7 +178,7 @@ def segment_file(
         f'{checkpoint} holds a flat model, which makes no chunks; pass a run of a '
         'hierarchical model.'
     )
-  overlap = tokenization.window_overlap(config)
+  overlap = tokenization.window_overlap(config, levels=ckpt.levels)
   actions, probs = tokenization.segment_text(
       ckpt.model,
       ckpt.params,

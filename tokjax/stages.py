@@ -7,6 +7,11 @@ method and that method's own settings, its target rate, chunk buffer, layer coun
 and score-function settings. Models, losses, the trainer, flops, decoding, the evaluator and the
 checks read `stage.x`; nothing else reads config.stages.
 
+Resolved once at each door: `tokjax.config.validation.validate` returns the levels it checked, the
+Trainer holds them (`Trainer.levels`, resolving them itself only when its caller has none), and an
+opened run has them (`inspection.Checkpoint.levels`); every library function below takes them as
+`levels=` (or one `Stage`) and never resolves again (tests/test_stages.py counts and greps for it).
+
 On the config side the top-level sections are every stage's settings, and config.stages.sK (K = 1 ..
 S - 1, declared in tokjax/config/defaults.py) holds only what stage K changes: stages.sK.SECTION.FIELD
 left None is config.SECTION.FIELD. The fields a stage may change are `OVERRIDES`, plus its method's
@@ -151,6 +156,10 @@ class Stage:
     return self.sources[field]
 
 
+# What `resolve` returns: every level of a config, level 0 first.
+Levels = tuple[Stage, ...]
+
+
 def count(config) -> int:
   """S, the levels of boundaries (config.model.stages)."""
   return config.model.stages
@@ -251,7 +260,7 @@ def _resolve_one(config, level: int) -> Stage:
   )
 
 
-def resolve(config) -> tuple[Stage, ...]:
+def resolve(config) -> Levels:
   """One `Stage` per level of config's model, level 0 (over bytes) first: config.model.stages of
   them (one for the flat model too, whose stage nothing builds).
 

@@ -136,17 +136,17 @@ def _boundary_fn(model, mode: str):
   return jax.jit(lambda p, t, k: level_boundaries(model.apply({'params': p}, t, k, mode=mode)))
 
 
-def window_overlap(config) -> int:
+def window_overlap(config, *, levels: stages_lib.Levels) -> int:
   """Bytes of left context each window of `segment_text` re-reads: the receptive field of the encoder
   (which alone feeds the boundary decisions), capped at half a window for full-attention encoders.
 
   With several stages the decisions of stage s >= 1 also read chunks, whose length in bytes has no
   bound, so the window re-reads the cap (half a window): long-range decisions near a seam may differ
-  from one pass over the whole text.
+  from one pass over the whole text. levels: config's (`stages.resolve`).
   """
-  first, seq_len = stages_lib.get(config, 0), config.data.seq_len
+  first, seq_len = levels[0], config.data.seq_len
   field = first.encoder_layers * (first.window - 1) if first.window > 0 else seq_len
-  if stages_lib.count(config) > 1:
+  if len(levels) > 1:
     field = seq_len
   return max(0, min(field, (seq_len - 2) // 2))
 

@@ -46,6 +46,7 @@ from tokjax import (
     flops,
     paths,
     profiling,
+    resuming,
     sharding,
     significance,
     tokenization,
@@ -303,7 +304,7 @@ class Reporter:
     the devices' peak (when known)."""
     c = self.config.data
     seconds = max(seconds, 1e-9)
-    model_flops = flops.step_flops(self.config, rate) * steps / seconds
+    model_flops = flops.step_flops(self.config, rate, levels=self.trainer.levels) * steps / seconds
     out = {
         'bytes_per_s': steps * c.batch_size * c.seq_len / seconds,
         'model_tflops': model_flops / 1e12,
@@ -459,7 +460,7 @@ def initial_state(
 ):
   """(state, restored: bool): the restored checkpoint with resume (dropping newer steps), else a
   fresh init. Refuses to start fresh over a run's metrics without a checkpoint, and a changed
-  config.train.steps without extend_schedule (`checkpointing.check_schedule`)."""
+  config.train.steps without extend_schedule (`resuming.check_schedule`)."""
   workdir = config.train.workdir
   if step is not None and not resume:
     raise UserError('--step picks the checkpoint to resume from: pass --resume with it.')
@@ -473,8 +474,9 @@ def initial_state(
       )
     print(f'note: no checkpoint in {mgr.directory}; --resume starts a fresh run.', flush=True)
     return trainer.init(key), False
+  check = resuming.check(config, mgr, levels=trainer.levels, extend_schedule=extend_schedule)
   state, restored = checkpointing.restore(
-      mgr, trainer.abstract_state, data.train_iter, step, config, extend_schedule
+      mgr, trainer.abstract_state, data.train_iter, step, check=check
   )
   newer = [s for s in mgr.all_steps() if s > restored]
   if newer:  # Damaged or abandoned steps: the resumed run writes its own.
@@ -506,22 +508,22 @@ def train(
     raise UserError(
         'config.train.workdir is empty; pass the run folder, e.g. --config.train.workdir=runs/NAME.'
     )
-  config_validation.validate(config)
+  levels = config_validation.validate(config)
   if extend_schedule and not resume:
     raise UserError("--extend_schedule stretches a resumed run's schedule: pass --resume with it.")
   distributed.maybe_initialize(config.mesh.multihost)  # Before anything touches JAX.
   lock = prepare_workdir(config.train.workdir, resume, overwrite)
   try:
-    return _train(config, resume, step, extend_schedule)
+    return _train(config, levels, resume=resume, step=step, extend_schedule=extend_schedule)
   finally:
     release(lock)
 
 
-def _train(config, resume: bool, step: int | None, extend_schedule: bool) -> dict:
-  """`train` in a workdir this process has claimed."""
+def _train(config, levels, *, resume: bool, step: int | None, extend_schedule: bool) -> dict:
+  """`train` in a workdir this process has claimed; levels: config's, resolved by `train`."""
   mesh = sharding.make_mesh(config.mesh)
   data = pipeline.build_data(config)
-  trainer = trainer_lib.Trainer(config, mesh)
+  trainer = trainer_lib.Trainer(config, mesh, levels=levels)
   mgr = checkpointing.manager(config.train.workdir, config.train.keep_checkpoints)
   init_key, train_key, eval_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
   state, restored = initial_state(

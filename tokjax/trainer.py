@@ -104,14 +104,20 @@ def validate(config) -> None:
 
 
 class Trainer:
-  """Holds the model, optimizer, mesh and the compiled steps for one config."""
+  """Holds the model, optimizer, mesh and the compiled steps for one config.
 
-  def __init__(self, config, mesh):
+  levels: config's levels as its entry point resolved them (`config.validation.validate` returns
+  them); a caller that has none (a test, a lab script) leaves it None and the Trainer, an entry
+  point itself, resolves them here. Everything it builds reads them from `Trainer.levels`.
+  """
+
+  def __init__(self, config, mesh, *, levels: stages.Levels | None = None):
     self.config, self.mesh = config, mesh
-    self.model = models.build_model(config)
+    self.levels = stages.resolve(config) if levels is None else levels
+    self.model = models.build_model(config, levels=self.levels)
     self.tx = make_optimizer(config)
     b, l = config.data.batch_size, config.data.seq_len
-    self.accum_steps = check_accumulation(config, mesh)
+    self.accum_steps = check_accumulation(config, mesh, levels=self.levels)
     self._init_args = self.model.init_args(b, l)
     with sharding.use(mesh, config.mesh):
       boxed = jax.eval_shape(self._boxed_state, jax.random.PRNGKey(0))
@@ -124,7 +130,7 @@ class Trainer:
     self.num_params = sum(x.size for x in jax.tree.leaves(self.abstract_state.params))
     data_sharding = sharding.batch_sharding(mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    train_objective = losses.objective(config, self.model, 'sample')
+    train_objective = losses.objective(config, self.model, 'sample', levels=self.levels)
     self._train_step = jax.jit(
         functools.partial(_train_step, train_objective, self.tx, self.accum_steps),
         in_shardings=(self.state_sharding, data_sharding, replicated),
@@ -133,7 +139,9 @@ class Trainer:
     )
     self._eval_steps = {
         mode: jax.jit(
-            functools.partial(_eval_step, losses.objective(config, self.model, mode)),
+            functools.partial(
+                _eval_step, losses.objective(config, self.model, mode, levels=self.levels)
+            ),
             in_shardings=(self.state_sharding.params, data_sharding, replicated),
             out_shardings=replicated,
         )
@@ -180,9 +188,9 @@ class Trainer:
       return self._eval_steps[mode].lower(params, batch, key)
 
 
-def check_accumulation(config, mesh) -> int:
-  """config.optim.grad_accum_steps, checked against the batch, each stage's baseline and the mesh
-  before compiling."""
+def check_accumulation(config, mesh, *, levels: stages.Levels) -> int:
+  """config.optim.grad_accum_steps, checked against the batch, each stage's baseline (levels:
+  config's) and the mesh before compiling."""
   n = config.optim.grad_accum_steps
   b = config.data.batch_size
   if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -192,7 +200,7 @@ def check_accumulation(config, mesh) -> int:
         f'config.optim.grad_accum_steps={n} does not divide config.data.batch_size={b}; choose a '
         f'divisor of {b} (micro-batches hold batch_size / grad_accum_steps rows).'
     )
-  zeroed = _batch_baseline_stages(config) if b // n == 1 else ()
+  zeroed = _batch_baseline_stages(config, levels) if b // n == 1 else ()
   if zeroed:
     st = zeroed[0]
     field = st.where('estimator.baseline')
@@ -213,13 +221,13 @@ def check_accumulation(config, mesh) -> int:
   return n
 
 
-def _batch_baseline_stages(config) -> tuple[stages.Stage, ...]:
-  """The stages trained by the score function with the batch-relative baseline (each its own
-  `Stage.estimator.baseline`)."""
+def _batch_baseline_stages(config, levels: stages.Levels) -> stages.Levels:
+  """The stages of config's model trained by the score function with the batch-relative baseline
+  (each its own `Stage.estimator.baseline`)."""
   return tuple(
       st
-      for st in stages.resolve(config)[: models.num_stages(config)]
-      if models.trains_score_function(config, st.level) and st.estimator.baseline == 'batch'
+      for st in levels[: models.num_stages(config)]
+      if models.trains_score_function(config, st) and st.estimator.baseline == 'batch'
   )
 
 

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tokjax import models, significance
+from tokjax import models, significance, stages
 from tokjax.errors import UserError
 from tokjax.lab import ablation, ladder
 from tokjax.models import boundaries as bd
@@ -142,9 +142,10 @@ def test_the_window_variants_measure_the_window_and_the_logit_apart():
   """'w8' changes the window only and 'w1_scaled' the logit's form only (the policy module they
   build), and 'w8_scaled' both: the paper's sequential policy, mapped to the paper's full row."""
   runs = ablation.plan(ablation.VARIANTS, [0], 4e6, 8e-3, 'shakespeare', tiny=False)
+  configs = {name: ladder.build_config(rs[0]) for name, rs in runs.items()}
   policy = {
-      name: models.build_model(ladder.build_config(rs[0])).levels[0].boundary
-      for name, rs in runs.items()
+      name: models.build_model(c, levels=stages.resolve(c)).levels[0].boundary
+      for name, c in configs.items()
   }
   form = lambda p: (p.window, bd.is_scaled(p.form, p.window))
   assert form(policy['full']) == (1, False)

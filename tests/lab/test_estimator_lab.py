@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from tokjax import estimator
+from tokjax import estimator, stages
 from tokjax.lab import estimators as lab
 
 
@@ -167,13 +167,16 @@ def test_training_objective_with_the_new_baselines(baseline):
   c.estimator.baseline = baseline
   c.estimator.rloo.k = 3
   config_validation.validate(c)
-  model = models.build_model(c)
+  model = models.build_model(c, levels=stages.resolve(c))
   params = nn.unbox(jit_call(model.init, jax.random.PRNGKey(0), *models.init_args(c, 2, 16)))[
       'params'
   ]
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 256)
   batch = {'inputs': tokens, 'targets': jnp.roll(tokens, -1, 1), 'mask': jnp.ones((2, 16))}
-  obj = lambda p: losses.hierarchical_objective(model, p, batch, jax.random.PRNGKey(2), 0, cfg=c)
+  levels = stages.resolve(c)
+  obj = lambda p: losses.hierarchical_objective(
+      model, p, batch, jax.random.PRNGKey(2), 0, cfg=c, levels=levels
+  )
   (loss, (metrics, ce)), grads = jax.jit(jax.value_and_grad(obj, has_aux=True))(params)
   assert ce.shape == (2, 16) and np.isfinite(float(loss))
   if baseline == 'value':

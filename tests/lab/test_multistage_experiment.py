@@ -52,7 +52,9 @@ def test_multistage_trains_runs_at_equal_flops_and_reports_each_level(tmp_path):
     assert abs(r['planned_flops'] / base - 1) < 0.03, r['run']
     cfg = multistage.run_config(r['run'], 'unused', tiny=True)
     rates = multistage.target_rates(cfg)
-    assert r['planned_flops'] == pytest.approx(flops.step_flops(cfg, rates) * r['steps'])
+    assert r['planned_flops'] == pytest.approx(
+        flops.step_flops(cfg, rates, levels=tokjax_stages.resolve(cfg)) * r['steps']
+    )
     assert math.isfinite(r['test']['bpb']) and 0 < r['test']['bpb'] < 10, r['run']
     assert math.isfinite(r['test']['bpb_se'])
     stages = len(tokjax_stages.resolve(cfg))
@@ -106,9 +108,9 @@ def test_paper_two_stage_configs_match_the_one_stage_flops_per_byte(size):
   two = config_files.load(f'paper_two_stage_{size}')
   config_validation.validate(two)
   assert len(tokjax_stages.resolve(two)) == 2
-  ratio = flops.flops_per_byte(two, multistage.target_rates(two)) / flops.flops_per_byte(
-      one, multistage.target_rates(one)
-  )
+  ratio = flops.flops_per_byte(
+      two, multistage.target_rates(two), levels=tokjax_stages.resolve(two)
+  ) / flops.flops_per_byte(one, multistage.target_rates(one), levels=tokjax_stages.resolve(one))
   assert abs(ratio - 1) < 0.03, ratio
 
 

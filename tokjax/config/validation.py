@@ -1,4 +1,5 @@
-"""`validate(config)`: one UserError line that names the first bad field and what it accepts.
+"""`validate(config)`: one UserError line that names the first bad field and what it accepts; it returns
+the config's resolved levels (`tokjax.stages.resolve`), checked, for its caller to pass down.
 
 What holds for every field (a finite number; a field that tokjax.config.defaults declares) is checked here;
 each section of the config is checked by the code that reads it:
@@ -89,8 +90,10 @@ def _check_counts(config) -> None:
       )
 
 
-def validate(config) -> None:
-  """Raises UserError naming the first bad field and what it accepts."""
+def validate(config) -> stages.Levels:
+  """Raises UserError naming the first bad field and what it accepts; returns config's levels
+  (`stages.resolve`), which the checks read and the caller passes on, so that its entry point
+  resolves them once."""
   bad = _non_finite(config.to_dict(), 'config')
   if bad:
     raise UserError(f'{bad[0]}={bad[1]!r} must be a finite number.')
@@ -99,10 +102,12 @@ def validate(config) -> None:
   profiling.validate(config)
   pipeline.validate(config)
   model_validation.validate(config)
+  levels = stages.resolve(config)  # After the count of levels is checked.
+  model_validation.validate_levels(config, levels)
   trainer.validate(config)
-  levels = stages.resolve(config)
   estimator.validate(
       config,
       levels,
-      score_function=tuple(models.trains_score_function(config, s) for s in range(len(levels))),
+      score_function=tuple(models.trains_score_function(config, st) for st in levels),
   )
+  return levels

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import tokjax
-from tokjax import checkpointing, inspection, metric_writers, paths
+from tokjax import checkpointing, inspection, metric_writers, paths, stages
 from tokjax.errors import UserError
 from tokjax.export import mapping, spec
 
@@ -194,9 +194,10 @@ def export(checkpoint: str, out: str, step: int | None = None) -> dict:
         f'{checkpoint} has no checkpoint of step {step}; it has steps {sorted(mgr.all_steps())}.'
     )
   config = checkpointing.read_config(mgr, step if step is not None else mgr.latest_step())
-  spec.check_exportable(config)  # Before restoring and compiling anything.
+  # Before restoring and compiling anything: the saved config's levels, apart from the opened run's.
+  spec.check_exportable(config, levels=stages.resolve(config))
   ckpt = inspection.load_checkpoint(checkpoint, step)
-  fields = spec.hf_config(ckpt.config)
+  fields = spec.hf_config(ckpt.config, levels=ckpt.levels)
   state = torch_state(fields, ckpt.params)
   model_pt = torch_model(fields, state)
   found = gate(ckpt.model, ckpt.params, model_pt, int(ckpt.config.data.seq_len))

@@ -64,9 +64,9 @@ def training_config(fields: dict, out: str):
 
   config = config_saved.upgrade(checkpointing.drop_foreign_sections(fields['tokjax']['config']))
   config.train.workdir = os.path.abspath(out)
-  validation.validate(config)
-  spec.check_exportable(config)
-  described = json.loads(json.dumps(spec.hf_config(config)))
+  levels = validation.validate(config)
+  spec.check_exportable(config, levels=levels)
+  described = json.loads(json.dumps(spec.hf_config(config, levels=levels)))
   differ = sorted(k for k, v in described.items() if fields.get(k) != v)
   if differ:
     raise UserError(

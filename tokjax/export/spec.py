@@ -1,7 +1,7 @@
 """A tokjax config read as the exported model's config.json fields (configuration_tokjax.py).
 
-Every per-stage setting is read through `stage_settings`, the one place that knows how a config
-spells its stages (today through `tokjax.stages.resolve`).
+Every per-stage setting is read from the config's resolved levels (`tokjax.stages.resolve`, resolved
+by the caller's entry point), each stage's entry through `stage_settings`.
 """
 
 import dataclasses
@@ -27,9 +27,10 @@ REFUSED = {
 _MODULE_FIELDS = ('parent', 'name')
 
 
-def check_exportable(config) -> None:
-  """UserError naming the first stage's method that cannot be exported."""
-  for st in stages.resolve(config)[: models.num_stages(config)]:
+def check_exportable(config, *, levels: stages.Levels) -> None:
+  """UserError naming the first stage's method of config's model that cannot be exported; levels:
+  config's (`stages.resolve`)."""
+  for st in levels[: models.num_stages(config)]:
     method = st.method
     registry.get(method)  # An unregistered one: the registry's own line.
     if method not in EXPORTABLE:
@@ -40,10 +41,10 @@ def check_exportable(config) -> None:
       )
 
 
-def stage_settings(config, s: int) -> dict:
-  """Stage s's entry of config.json 'stages': its method, capacity and the method's own settings
-  (the fields of the module the registry builds for it), and for s >= 1 its chunk layers."""
-  st = stages.get(config, s)
+def stage_settings(config, st: stages.Stage) -> dict:
+  """Stage st's entry of config.json 'stages' (st: one of config's levels): its method, capacity and
+  the method's own settings (the fields of the module the registry builds for it), and for a level
+  s >= 1 its chunk layers."""
   module = models.build_boundary(config, st)
   entry: dict[str, int | float | str | bool] = {'method': st.method}
   if dataclasses.is_dataclass(module):
@@ -52,7 +53,7 @@ def stage_settings(config, s: int) -> dict:
       if f.name not in _MODULE_FIELDS and isinstance(value, (int, float, str, bool)):
         entry[f.name] = value
   entry['capacity'] = int(st.capacity)
-  if s:
+  if st.level:
     entry.update(
         encoder_layers=int(st.encoder_layers),
         decoder_layers=int(st.decoder_layers),
@@ -61,10 +62,10 @@ def stage_settings(config, s: int) -> dict:
   return entry
 
 
-def hf_config(config) -> dict:
-  """The TokjaxConfig fields of a tokjax config (the model part; provenance is added by the
-  exporter)."""
-  m, first = config.model, stages.get(config, 0)
+def hf_config(config, *, levels: stages.Levels) -> dict:
+  """The TokjaxConfig fields of a tokjax config and its levels (`stages.resolve`; the model part;
+  provenance is added by the exporter)."""
+  m, first = config.model, levels[0]
   fields = dict(
       kind=m.kind,
       vocab_size=VOCAB_SIZE,
@@ -84,7 +85,7 @@ def hf_config(config) -> dict:
       decoder_layers=int(first.decoder_layers),
       byte_mlp_ratio=int(m.byte_mlp_ratio),
       main_mlp_ratio=int(m.main_mlp_ratio),
-      stages=[stage_settings(config, s) for s in range(models.num_stages(config))],
-      value_head=bool(models.trains_critic(config)),
+      stages=[stage_settings(config, st) for st in levels[: models.num_stages(config)]],
+      value_head=bool(models.trains_critic(config, levels=levels)),
   )
   return fields

@@ -18,7 +18,7 @@ import time
 import jax
 import numpy as np
 
-from tokjax import checkpointing, inspection, models, significance, tokenization
+from tokjax import checkpointing, inspection, models, significance, stages, tokenization
 from tokjax import train as train_lib
 from tokjax.config import files as config_files
 from tokjax.config import validation as config_validation
@@ -43,7 +43,7 @@ def compare_config(method: str, corpus: str, tiny: bool, seed: int = 0):
 
 def param_count(config) -> int:
   """Parameters of the model `config` builds (shapes only: nothing is initialised)."""
-  model = models.build_model(config)
+  model = models.build_model(config, levels=stages.resolve(config))
   shapes = jax.eval_shape(
       lambda k: model.init(k, *models.init_args(config, 1, config.data.seq_len)),
       jax.random.PRNGKey(0),

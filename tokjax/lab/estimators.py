@@ -639,7 +639,7 @@ def _model_setup(config, params, seed: int) -> Setup:
   from tokjax import models  # pylint: disable=g-import-not-at-top
   from tokjax.data import pipeline  # pylint: disable=g-import-not-at-top
 
-  model = models.build_model(config)
+  model = models.build_model(config, levels=stages.resolve(config))
   if params is None:
     init_args = models.init_args(config, 1, config.data.seq_len)
     params = nn.unbox(model.init(jax.random.PRNGKey(config.seed), *init_args))['params']

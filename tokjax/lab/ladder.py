@@ -55,7 +55,7 @@ from typing import Any, Callable
 from absl import flags, logging
 import numpy as np
 
-from tokjax import cli, flops
+from tokjax import cli, flops, stages
 from tokjax.config import validation as config_validation
 from tokjax.data import pipeline
 from tokjax.errors import Interrupted, UserError
@@ -367,7 +367,7 @@ def _training_summary(config, run_dir) -> dict:
       'steps': steps,
       'train_bytes': steps * config.data.batch_size * config.data.seq_len,
       'train_rate': rate,
-      'train_flops': flops.step_flops(config, rate) * steps,
+      'train_flops': flops.step_flops(config, rate, levels=stages.resolve(config)) * steps,
       'train_bytes_per_s': common.median_bytes_per_s(rows),
   }
 

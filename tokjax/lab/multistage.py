@@ -123,13 +123,17 @@ def target_rates(config) -> tuple[float, ...]:
   return tuple(float(st.target_rate) for st in stages.resolve(config))
 
 
+def _step_flops(config, rates) -> float:
+  """`flops.step_flops` of config at rates (one per stage)."""
+  return flops.step_flops(config, rates, levels=stages.resolve(config))
+
+
 def equal_flops_steps(configs: dict, base_steps: int, base: str = BASE) -> dict:
   """{run: steps} whose training FLOPs (`flops.step_flops` at the target rates) match base's
   base_steps steps; every run gets at least one step."""
-  budget = flops.step_flops(configs[base], target_rates(configs[base])) * base_steps
+  budget = _step_flops(configs[base], target_rates(configs[base])) * base_steps
   return {
-      run: max(1, round(budget / flops.step_flops(c, target_rates(c))))
-      for run, c in configs.items()
+      run: max(1, round(budget / _step_flops(c, target_rates(c)))) for run, c in configs.items()
   }
 
 
@@ -361,10 +365,10 @@ def multistage(
   results = []
   for run in runs:
     c = configs[run]
-    planned = flops.step_flops(c, target_rates(c)) * steps[run]
+    planned = _step_flops(c, target_rates(c)) * steps[run]
     print(
         f'[multistage] {run} ({RUNS[run][2]}): {steps[run]} steps x '
-        f'{flops.step_flops(c, target_rates(c)) / 1e9:.2f} GFLOPs at target rates '
+        f'{_step_flops(c, target_rates(c)) / 1e9:.2f} GFLOPs at target rates '
         f'{target_rates(c)} = {planned / 1e12:.4g} TFLOPs',
         flush=True,
     )
@@ -376,7 +380,7 @@ def multistage(
         steps=steps[run],
         target_rates=target_rates(c),
         planned_flops=planned,
-        realised_flops=flops.step_flops(c, rates) * steps[run],
+        realised_flops=_step_flops(c, rates) * steps[run],
     )
     print(
         f'[multistage] {run}: params {r["params"]:,} | test bpb '

@@ -106,7 +106,7 @@ class TokjaxLM(LM):
 
   def generate_until(self, requests, disable_tqdm: bool = False):
     del disable_tqdm
-    decoding.check_causal(self.ckpt.config)
+    decoding.check_causal(self.ckpt.config, levels=self.ckpt.levels)
     out: list[str | None] = [None] * len(requests)
     groups: dict[tuple, list[int]] = {}  # Requests with the same generation settings share batches.
     for i, r in enumerate(requests):

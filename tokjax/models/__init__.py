@@ -1,7 +1,8 @@
-"""Model construction from a config: `build_model(config)` (its training objective: losses.objective).
+"""Model construction from a config and its resolved levels: `build_model(config, levels=...)` (its
+training objective: losses.objective).
 
 Each stage's boundary method comes from the registry (tokjax/models/registry.py) by its
-`tokjax.stages.Stage` (`stages.resolve(config)`).
+`tokjax.stages.Stage` (the caller's `stages.resolve(config)`, resolved once at its entry point).
 Every model built here is an `interface.ByteLM`: callers read its stages, init arguments and modes
 from the model and its `interface.ModelOutput`, never config.model.kind.
 """
@@ -15,31 +16,31 @@ from tokjax.vocab import VOCAB_SIZE
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
-def build_boundary(config, stage: stages.Stage | None = None):
-  """The boundary module of `stage` (default: config's stage 0), built from its method's registry
-  entry."""
-  stage = stages.get(config, 0) if stage is None else stage
+def build_boundary(config, stage: stages.Stage):
+  """The boundary module of `stage`, built from its method's registry entry."""
   return registry.get(stage.method).build(stage, config)
 
 
-def trains_score_function(config, s: int) -> bool:
-  """Whether stage s's boundaries are trained by the score function (with `Stage.estimator`):
-  config's model has a stage s (`num_stages`) and its boundary method's registry entry says
+def trains_score_function(config, stage: stages.Stage) -> bool:
+  """Whether `stage`'s boundaries are trained by the score function (with `Stage.estimator`):
+  config's model builds it (`num_stages`) and its boundary method's registry entry says
   score_function."""
-  return s < num_stages(config) and registry.get(stages.get(config, s).method).score_function
+  return stage.level < num_stages(config) and registry.get(stage.method).score_function
 
 
-def trains_critic(config) -> bool:
+def trains_critic(config, *, levels: stages.Levels) -> bool:
   """Whether the model needs its value head: stage 0 trains with the score function under a critic
-  baseline (only stage 0 has one)."""
-  first = stages.get(config, 0)
-  return trains_score_function(config, 0) and estimator.baseline(first.estimator.baseline).critic
+  baseline (only stage 0 has one). levels: config's (`stages.resolve`)."""
+  first = levels[0]
+  return (
+      trains_score_function(config, first) and estimator.baseline(first.estimator.baseline).critic
+  )
 
 
-def build_model(config):
-  """config.model.kind: 'flat' (FlatByteLM) or 'hierarchical' (HierarchicalByteLM)."""
+def build_model(config, *, levels: stages.Levels):
+  """config.model.kind: 'flat' (FlatByteLM) or 'hierarchical' (HierarchicalByteLM); levels: config's
+  (`stages.resolve`, resolved by the caller's entry point)."""
   m = config.model
-  levels = stages.resolve(config)
   dtype = DTYPES[m.dtype]
   opts = layers.stack_options(m)  # Remat, scanned layers, attention: checked here (UserError).
   if m.kind == 'flat':
@@ -64,7 +65,7 @@ def build_model(config):
       byte_mlp_ratio=m.byte_mlp_ratio,
       main_mlp_ratio=m.main_mlp_ratio,
       dtype=dtype,
-      value_head=trains_critic(config),
+      value_head=trains_critic(config, levels=levels),
       remat=hierarchical.Remat(**opts['remat']),
       scan_layers=opts['scan_layers'],
       attention=opts['attention'],

@@ -4,7 +4,8 @@ Every stage is checked as the model reads it, on its `tokjax.stages.Stage`, and 
 by the field that set it (`Stage.where`: config.stages.s1.model.capacity, or config.model.capacity
 where stage 1 inherits it). Each boundary method checks its own settings through its registry
 entry's `validate` (tokjax/models/registry.py). tokjax/config/validation.py runs this with the other
-sections' checks.
+sections' checks: `validate` on the config before its stages are resolved (their count among them),
+then `validate_levels` on the resolved levels.
 """
 
 from tokjax import stages
@@ -22,7 +23,8 @@ def _is_int(v, low: int) -> bool:
 
 
 def validate(config) -> None:
-  """Raises UserError naming the first bad field of config.model, config.boundary, config.stages."""
+  """Raises UserError naming the first bad field of config.model, config.model.stages among them:
+  what `stages.resolve` needs to hold."""
   m = config.model
   for field, choices in _CHOICES.items():
     if m[field] not in choices:
@@ -35,11 +37,11 @@ def validate(config) -> None:
         f'config.model.d_model={m.d_model} must split into num_heads={m.num_heads} heads of even '
         'width (RoPE rotates pairs).'
     )
-  _validate_stages(config)
+  _validate_count(config)
 
 
-def _validate_stages(config) -> None:
-  """config.model.stages and every stage's model fields (`stages.resolve`)."""
+def _validate_count(config) -> None:
+  """config.model.stages: a count of levels that the model kind has."""
   n = stages.count(config)
   if not _is_int(n, 1):
     raise UserError(
@@ -51,7 +53,12 @@ def _validate_stages(config) -> None:
         f'config.model.stages={n} needs config.model.kind="hierarchical" (a flat model has no '
         'boundaries).'
     )
-  for st in stages.resolve(config):
+
+
+def validate_levels(config, levels: stages.Levels) -> None:
+  """Raises UserError naming the first bad field of a level of config's model (config.boundary,
+  config.stages, the model fields each level reads); levels: config's (`stages.resolve`)."""
+  for st in levels:
     _validate_stage(config, st)
 
 

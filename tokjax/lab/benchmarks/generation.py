@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 import numpy as np
 
-from tokjax import cli, decoding, models
+from tokjax import cli, decoding, models, stages
 from tokjax.vocab import BOS_ID
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
@@ -99,10 +99,11 @@ def measure(
 
   from tokjax.export import exporter, spec  # pylint: disable=g-import-not-at-top
 
-  model = models.build_model(config)
+  levels = stages.resolve(config)
+  model = models.build_model(config, levels=levels)
   init = jax.jit(lambda k: nn.unbox(model.init(k, *model.init_args(1, config.data.seq_len))))
   params = init(jax.random.PRNGKey(0))['params']
-  fields = spec.hf_config(config)
+  fields = spec.hf_config(config, levels=levels)
   model_pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
   rng = np.random.default_rng(0)
   prompt = np.concatenate(

@@ -87,7 +87,7 @@ def disagreement(model, params, rows: np.ndarray, key) -> np.ndarray:
 def _model_at_init(method: str, corpus: str, seq_len: int):
   c = config_files.load('compare', f'{method},tiny')
   c.data.corpus, c.data.seq_len = corpus, seq_len
-  model = models.build_model(c)
+  model = models.build_model(c, levels=stages.resolve(c))
   tokens = jnp.full((1, seq_len), BOS_ID, jnp.int32)
   params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), tokens, jax.random.PRNGKey(1)))
   return c, model, params
@@ -103,7 +103,7 @@ def step_time(corpus: str, steps: int = 10) -> dict:
   state = trainer.init(jax.random.PRNGKey(0))
   b, l = c.data.batch_size, c.data.seq_len
   rows = windows(pipeline.load_splits(c.data)['train'], l, b * (steps + 1))
-  tok = bpe._load(bpe.cached_tokenizer_json(c))  # pylint: disable=protected-access
+  tok = bpe._load(bpe.cached_tokenizer_json(c, trainer.levels[0]))  # pylint: disable=protected-access
   step_s, host_s = [], []
   for i in range(steps + 1):
     inputs = rows[i * b : (i + 1) * b]
@@ -140,7 +140,7 @@ def main(argv):
     ckpt = inspection.load_checkpoint(_RUN.value)
     c = ckpt.config.copy_and_resolve_references()
     c.data.corpus = _CORPUS.value
-    method = stages.get(ckpt.config, 0).method
+    method = ckpt.levels[0].method
     cases = [(f'{method} ({_RUN.value})', c, ckpt.model, {'params': ckpt.params})]
     lookahead = [registry.get(method).lookahead]
   else:

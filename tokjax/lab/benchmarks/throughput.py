@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 import numpy as np
 
-from tokjax import cli, models, sharding
+from tokjax import cli, models, sharding, stages
 from tokjax import trainer as trainer_lib
 
 if __name__ == '__main__':  # Flags belong to the command; importing this module defines none.
@@ -132,7 +132,9 @@ def main(argv):
     if hier_params is None:  # Size the flat model against the hierarchical model of the config.
       c = _variant(config, seq_len, batch, kind='hierarchical', window=1)
       shapes = jax.eval_shape(
-          models.build_model(c).init, jax.random.PRNGKey(0), *models.init_args(c, 1, 8)
+          models.build_model(c, levels=stages.resolve(c)).init,
+          jax.random.PRNGKey(0),
+          *models.init_args(c, 1, 8),
       )
       hier_params = sum(x.size for x in jax.tree.leaves(nn.unbox(shapes)))
     # The flat model with the layer count whose size is closest to the hierarchical model's.
@@ -140,7 +142,9 @@ def main(argv):
     for n in range(1, 9):
       c = _variant(config, seq_len, batch, kind='flat', num_layers=n, byte_window=0)
       shapes = jax.eval_shape(
-          models.build_model(c).init, jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)
+          models.build_model(c, levels=stages.resolve(c)).init,
+          jax.random.PRNGKey(0),
+          jnp.zeros((1, 8), jnp.int32),
       )
       sizes[n] = sum(x.size for x in jax.tree.leaves(nn.unbox(shapes)))
     n = min(sizes, key=lambda k: abs(sizes[k] - hier_params))

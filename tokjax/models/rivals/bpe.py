@@ -195,15 +195,14 @@ def fit_tokenizer(
   return best
 
 
-def cached_tokenizer_json(config, stage=None) -> str:
-  """The tokenizer JSON of stage (default: config's stage 0): its tokenizer setting if set, else
+def cached_tokenizer_json(config, stage: stages.Stage) -> str:
+  """The tokenizer JSON of `stage` (one of config's levels): its tokenizer setting if set, else
   trained once on the config's training split and cached under the data folder (keyed by corpus,
   split, the stage's rate and, for the causal 'bpe', its context: what its fitted rate is of).
 
   'bpe' fits the vocabulary to `causal_rate` on the validation split, 'bpe_oracle' to tokens per byte
   of whole-text tokenization (its cache key is the one this method had before the causal one).
   """
-  stage = stages.get(config, 0) if stage is None else stage
   settings = stage.settings
   path = settings.tokenizer
   if path:
