@@ -786,5 +786,8 @@ def test_generation_benchmark_runs(tmp_path):
 
   c = generation.two_stage(conftest.tiny_config(str(tmp_path)))
   found = generation.measure(c, num_bytes=2, batch=1, prompt_bytes=3, repeats=1)
-  assert set(found) == {'tokjax', 'tokjax_uncached', 'pytorch', 'pytorch_uncached'}
-  assert all(v > 0 for v in found.values()), found
+  speeds = {'tokjax', 'tokjax_uncached', 'pytorch', 'pytorch_uncached'}
+  assert set(found) == speeds | {'chunk_rate'}
+  assert all(found[k] > 0 for k in speeds), found
+  # BOS closes the first chunk of every row: a rate of 0 would mean no boundary was read back.
+  assert 0 < found['chunk_rate'] <= 1, found

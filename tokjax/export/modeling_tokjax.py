@@ -823,7 +823,9 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     for i in range(l):
       pos = torch.full((b, 1), cache.length, dtype=torch.long, device=tokens.device)
       h = self.encoder(self.embed(tokens[:, i : i + 1]), pos, None, cache.encoder)
-      y = self._cached_stage(0, h, pos, live, cache, tokens[:, i], early_logits=self.early_head(h))
+      # The policy decides from h alone; the other methods keep stage 0's early logits.
+      early = None if isinstance(self.boundary, Policy) else self.early_head(h)
+      y = self._cached_stage(0, h, pos, live, cache, tokens[:, i], early_logits=early)
       logits.append(self.head(self.decoder(y, pos, None, cache.decoder)))
       cache.length += 1
     return torch.cat(logits, dim=1)
@@ -923,8 +925,10 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     if s + 1 < self.num_stages:
       inner = self.inner_encoders[s](x, pos, close[:, None], cache.inner_encoders[s])
       out = self._cached_stage(s + 1, inner, pos, close, cache, token, early_logits=None)
-    else:
+    elif bool(close.any()):
       out = self.main(x, pos, close[:, None], cache.main)
+    else:  # No row closes a chunk: the main network would write nothing that is read.
+      out = st['last']
     if p is not None:  # zbar_j = P_j z_j + (1 - P_j) zbar_{j-1}.
       out = p[:, None, None] * out + (1.0 - p[:, None, None]) * st['last']
     st['last'] = torch.where(close[:, None, None], out, st['last'])
