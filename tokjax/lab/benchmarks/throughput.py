@@ -9,9 +9,13 @@ config.data.batch_size * config.data.seq_len, so every step sees the same bytes;
   * the hierarchical model of the config with an independent (w = 1) and a sequential (w = 8) policy,
   * the flat model with full attention, its layer count chosen to match the hierarchical parameter
     count as closely as possible (both counts are printed),
-and reports bytes/s and the share of the hierarchical step spent drawing boundaries (encoder + policy
-sampling minus encoder alone, timed as separate jitted functions). Random bytes: throughput does not
-depend on the data. Numbers are medians over --steps timed steps after two warm-up steps.
+and reports bytes/s, the share of the hierarchical step spent drawing boundaries (encoder + policy
+sampling minus encoder alone, timed as separate jitted functions) and the loss of the first step
+from the initial state (what an A/B of two commits compares besides the speed). Random bytes. The
+speed depends on the data only through the chunk count: the main network runs on the part of its
+buffer the chunks occupy (`layers.on_occupied_prefix`), and an untrained policy draws boundaries
+at its target rate whatever the bytes. Numbers are medians over --steps timed steps after two
+warm-up steps.
 """
 
 import time
@@ -79,13 +83,15 @@ def _time_train_step(config, steps):
       mesh,
   )
   holder = {'state': state}
+  losses = []
 
   def step():
     holder['state'], metrics = trainer.train_step(holder['state'], batch, jax.random.PRNGKey(1))
+    losses.append(metrics['loss'])
     return metrics['loss']
 
   seconds = median_seconds(step, steps)
-  return seconds, trainer, holder['state'], batch
+  return seconds, float(losses[0]), trainer, holder['state'], batch
 
 
 def _sampling_seconds(trainer, params, batch, steps):
@@ -109,7 +115,7 @@ def main(argv):
   chosen = set(_MODELS.value)
   print(
       f'{"L":>5} {"batch":>5} {"model":<26} {"params":>8} {"step ms":>9} {"bytes/s":>9} '
-      f'{"sampling share":>15}'
+      f'{"sampling share":>15} {"first loss":>11}'
   )
   for seq_len in map(int, _SEQ_LENS.value):
     batch = max(1, bytes_per_step // seq_len)
@@ -118,13 +124,13 @@ def main(argv):
       if f'w{window}' not in chosen:
         continue
       c = _variant(config, seq_len, batch, kind='hierarchical', window=window)
-      sec, trainer, state, data = _time_train_step(c, steps)
+      sec, loss, trainer, state, data = _time_train_step(c, steps)
       share = _sampling_seconds(trainer, state.params, data, steps) / sec
       hier_params = trainer.num_params
       print(
           f'{seq_len:>5} {batch:>5} {f"hierarchical w={window}":<26} '
           f'{trainer.num_params / 1e6:>7.2f}M {sec * 1e3:>9.1f} {batch * seq_len / sec:>9.0f} '
-          f'{share:>14.1%}',
+          f'{share:>14.1%} {loss:>11.6f}',
           flush=True,
       )
     if 'flat' not in chosen:
@@ -149,10 +155,10 @@ def main(argv):
       sizes[n] = sum(x.size for x in jax.tree.leaves(nn.unbox(shapes)))
     n = min(sizes, key=lambda k: abs(sizes[k] - hier_params))
     c = _variant(config, seq_len, batch, kind='flat', num_layers=n, byte_window=0)
-    sec, trainer, _, _ = _time_train_step(c, steps)
+    sec, loss, trainer, _, _ = _time_train_step(c, steps)
     print(
         f'{seq_len:>5} {batch:>5} {f"flat ({n} layers)":<26} {trainer.num_params / 1e6:>7.2f}M '
-        f'{sec * 1e3:>9.1f} {batch * seq_len / sec:>9.0f} {"-":>15}',
+        f'{sec * 1e3:>9.1f} {batch * seq_len / sec:>9.0f} {"-":>15} {loss:>11.6f}',
         flush=True,
     )
 
