@@ -18,10 +18,13 @@ Two counts, both from `step_flops`:
   * model FLOPs (`rate` given): the work the method needs. The main network runs on the REALISED
     number of chunks, rate x L per sequence (the train step's metrics carry `rate`), with causal
     attention over the chunks so far; byte layers see min(t + 1, W) keys. This is the count for MFU.
-  * executed FLOPs (`rate=None`): what the compiled step computes. The main network runs on all
-    `capacity` chunk slots with full C x C scores, and blocked sliding-window attention scores 2W
-    keys per query. This is the count XLA's cost_analysis reports (tests/test_flops.py checks it to
-    10% on CPU).
+  * executed FLOPs (`rate=None`): what the compiled step computes at most. The main network runs on
+    all `capacity` chunk slots with full C x C scores, and blocked sliding-window attention scores 2W
+    keys per query. A chunk stack that runs on the occupied prefix of its buffer
+    (`layers.on_occupied_prefix`: a switch over prefix lengths) is counted at its longest branch,
+    the whole buffer, as XLA counts a switch, and once more for its backward pass, which recomputes
+    its forward. This is the count XLA's cost_analysis reports (tests/test_flops.py checks it to 10%
+    on CPU).
 """
 
 import time
@@ -29,6 +32,7 @@ import time
 from tokjax import losses, models
 from tokjax import stages as stages_lib
 from tokjax.data import VOCAB_SIZE
+from tokjax.models import layers
 
 TRAIN_MULTIPLIER = 3  # Forward + backward (gradients w.r.t. activations and weights).
 
@@ -102,6 +106,23 @@ def forward_flops_per_sequence(config, rate=None, *, levels: stages_lib.Levels) 
   return total + m.main_layers * _block(chunks, d, m.main_mlp_ratio * d, chunk_keys)
 
 
+def recomputed_flops_per_sequence(config, *, levels: stages_lib.Levels) -> float:
+  """Forward FLOPs of one sequence's chunk stacks that run on the occupied prefix of their buffer,
+  counted at the whole buffer: the extra forward their backward pass computes (executed count)."""
+  m, d = config.model, config.model.d_model
+  stages = models.num_stages(config)
+  on_prefix = lambda slots: len(layers.prefix_lengths(slots)) > 1
+  total, buffer = 0.0, levels[0].capacity if stages else 0
+  for st in levels[1:stages]:
+    if on_prefix(buffer):
+      layers_ = st.encoder_layers + st.decoder_layers
+      total += layers_ * _block(buffer, d, m.main_mlp_ratio * d, buffer)
+    buffer = st.capacity
+  if stages and on_prefix(buffer):
+    total += m.main_layers * _block(buffer, d, m.main_mlp_ratio * d, buffer)
+  return total
+
+
 def _policy_width(stage) -> int:
   """The policy's window w at this stage (its logits cost 2 * d * w per position here), 0 for the
   other methods."""
@@ -122,8 +143,10 @@ def step_flops(config, rate=None, *, levels: stages_lib.Levels) -> float:
   the compiled step executes (every chunk slot of the capacity).
   """
   forwards = training_forwards(config, levels=levels)
-  per_sequence = forward_flops_per_sequence(config, rate, levels=levels)
-  return forwards * config.data.batch_size * per_sequence
+  per_sequence = forwards * forward_flops_per_sequence(config, rate, levels=levels)
+  if rate is None:
+    per_sequence += recomputed_flops_per_sequence(config, levels=levels)
+  return config.data.batch_size * per_sequence
 
 
 def flops_per_byte(config, rate=None, *, levels: stages_lib.Levels) -> float:
