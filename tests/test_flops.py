@@ -15,6 +15,8 @@ def _config(kind):
     c.model.kind, c.model.byte_window = 'flat', 0
   else:
     c.boundary.policy.window = 8  # The paper's sequential policy.
+  if kind == 'occupied_prefix':  # A buffer the main network runs on a prefix of (a switch).
+    c.model.capacity = 256
   if kind == 'two_stage':
     c.model.stages = 2
     c.stages.s1.boundary.update(method='policy', target_rate=0.33)
@@ -22,14 +24,19 @@ def _config(kind):
   return c
 
 
-@pytest.mark.parametrize('kind', ['flat', 'hierarchical', 'two_stage'])
+@pytest.mark.parametrize('kind', ['flat', 'hierarchical', 'two_stage', 'occupied_prefix'])
 def test_executed_flops_match_xla(kind):
   config = _config(kind)
   report = compile_check.check(config, jax.devices()[:1], compile_eval=False)
-  analytic = flops.step_flops(config, levels=stages.resolve(config))
+  levels = stages.resolve(config)
+  analytic = flops.step_flops(config, levels=levels)
   xla = report['xla_flops_per_device']
   assert analytic == report['analytic_flops_per_step']
   assert abs(analytic - xla) / xla < 0.10, (analytic, xla)
+  # Only the buffer of 256 slots runs on a prefix, whose backward recomputes its forward.
+  assert (flops.recomputed_flops_per_sequence(config, levels=levels) > 0) == (
+      kind == 'occupied_prefix'
+  )
 
 
 def test_model_flops_follow_the_realised_rate():

@@ -462,7 +462,7 @@ def test_occupied_prefix_runs_the_shortest_length_that_holds_every_row():
   is that branch's."""
   assert layers.prefix_lengths(256) == (64, 128, 192, 256)
   assert layers.prefix_lengths(1000) == (256, 512, 768, 1000)
-  assert layers.prefix_lengths(100) == (100,)  # Under two query blocks: the whole buffer.
+  assert layers.prefix_lengths(128) == (128,)  # Under four query blocks: the whole buffer.
   lengths = layers.prefix_lengths(256)
   fn = lambda w, x, positions, valid: w * x * x.shape[1]
   x = jnp.ones((2, 256, 3))
@@ -482,15 +482,15 @@ def test_occupied_prefix_runs_the_shortest_length_that_holds_every_row():
 
 @pytest.mark.parametrize('stages', [1, 2])
 def test_chunk_stacks_on_the_occupied_prefix_equal_the_whole_buffer(monkeypatch, stages):
-  """Chunk buffers of 128 and 256 slots holding about a fifth of them: the main network (and the
-  chunk layers of level 1) run on a prefix, with the logits and parameter gradients of the stacks
-  run over the whole buffer (`prefix_lengths` giving one length)."""
+  """Chunk buffers of 256 slots holding about a fifth of them: the main network (and the chunk
+  layers of level 1) run on a prefix, with the logits and parameter gradients of the stacks run
+  over the whole buffer (`prefix_lengths` giving one length)."""
   from tokjax.models import hierarchical  # pylint: disable=g-import-not-at-top
 
   policy = lambda capacity: bd.BoundaryPolicy(target_rate=0.2, window=1, capacity=capacity)
   levels = (hierarchical.Level(policy(256), 256, encoder_layers=1, decoder_layers=1, window=8),)
   if stages == 2:
-    levels += (hierarchical.Level(policy(128), 128, encoder_layers=1, decoder_layers=1),)
+    levels += (hierarchical.Level(policy(256), 256, encoder_layers=1, decoder_layers=1),)
   model = hierarchical.HierarchicalByteLM(
       vocab_size=258, d_model=32, num_heads=2, main_layers=1, levels=levels
   )
@@ -506,7 +506,7 @@ def test_chunk_stacks_on_the_occupied_prefix_equal_the_whole_buffer(monkeypatch,
   monkeypatch.setattr(layers, 'on_occupied_prefix', spy)
   prefix = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
   # The main network over the last buffer; with two stages level 1's encoder and decoder too.
-  assert ran == [layers.prefix_lengths(c) for c in ((256, 128, 256) if stages == 2 else (256,))]
+  assert ran == [layers.prefix_lengths(256)] * (3 if stages == 2 else 1)
   for st, level in zip(prefix[0][1].stages, levels):  # Every chunk buffer fits a shorter prefix.
     assert int(st.chunk_valid.sum(axis=1).max()) <= layers.prefix_lengths(level.capacity)[-2]
   monkeypatch.setattr(layers, 'prefix_lengths', lambda slots, **_: (slots,))
