@@ -322,8 +322,7 @@ class HierarchicalByteLM(nn.Module):
     lengths = layers.prefix_lengths(x.shape[1])
     if self.is_initializing() or len(lengths) == 1:
       return stack(x, positions, valid)
-    settings = self.stack_settings(which, level)
-    run = lambda params, *args: layers.Stack(settings, parent=None).apply({'params': params}, *args)
+    run = lambda params, *args: stack.clone(parent=None).apply({'params': params}, *args)
     # The stack runs unbound; its name in the op names keeps profiles and HLO dumps attributing it.
     with jax.named_scope(str(stack.name)):
       return layers.on_occupied_prefix(run, stack.variables['params'], x, positions, valid, lengths)
