@@ -720,6 +720,28 @@ def test_generate_cached_equals_uncached_and_tokjax(num_stages, tmp_path):
       )
 
 
+def test_the_cached_forward_without_gradients_hands_back_the_callers_logits(tmp_path):
+  """Without gradients (generate's case) the cached forward runs in inference mode; its logits are
+  the caller's to change in place. With gradients it stays differentiable, at the same logits."""
+  c = conftest.tiny_config(str(tmp_path))
+  _, params = _initialised(c)
+  fields = spec.hf_config(c, levels=stages.resolve(c))
+  model_pt = exporter.torch_model(fields, exporter.torch_state(fields, params))
+  ids = torch.tensor([[BOS_ID, *b'the cat sat']])
+  with torch.no_grad():
+    whole = model_pt(ids, generation=True).logits
+    first = model_pt(ids[:, :-1], use_cache=True)
+    assert first.cache.inference
+    first.logits[..., PAD_ID] = -float('inf')  # An inference tensor would refuse this.
+    last = model_pt(ids[:, -1:], cache=first.cache).logits
+  np.testing.assert_allclose(last.numpy(), whole[:, -1:].numpy(), atol=1e-5, rtol=0)
+  tracked = model_pt(ids, use_cache=True)
+  assert not tracked.cache.inference
+  tracked.logits.sum().backward()
+  assert float(model_pt.encoder.blocks[0].attn.q_proj.weight.grad.abs().sum()) > 0
+  np.testing.assert_allclose(tracked.logits.detach().numpy(), whole.numpy(), atol=1e-5, rtol=0)
+
+
 def _spread(model, params):
   """params whose boundary methods other than the policy close chunks at about every other position
   with greedy boundaries (at init gumbel and entropy close none and H-Net few): H-Net's query a
@@ -780,14 +802,24 @@ def test_every_exported_method_generates_cached_as_uncached_and_as_tokjax(method
 
 
 def test_generation_benchmark_runs(tmp_path):
-  """`python -m tokjax.lab.benchmarks.generation` at a tiny size: its two-stage config builds, and
-  every path it times generates."""
+  """`python -m tokjax.lab.benchmarks.generation` at a tiny size: its two-stage config builds, every
+  path it times generates, --chunk_rate moves the policy's greedy decisions to about that rate in
+  tokjax and the export alike (untrained, they close almost no chunk), and --port loads a port."""
+  from tokjax.export import modeling_tokjax  # pylint: disable=g-import-not-at-top
   from tokjax.lab.benchmarks import generation  # pylint: disable=g-import-not-at-top
 
   c = generation.two_stage(conftest.tiny_config(str(tmp_path)))
-  found = generation.measure(c, num_bytes=2, batch=1, prompt_bytes=3, repeats=1)
+  found = generation.measure(
+      c,
+      num_bytes=24,
+      batch=1,
+      prompt_bytes=3,
+      repeats=1,
+      chunk_rate=0.5,
+      port=modeling_tokjax.__file__,
+  )
   speeds = {'tokjax', 'tokjax_uncached', 'pytorch', 'pytorch_uncached'}
-  assert set(found) == speeds | {'chunk_rate'}
+  assert set(found) == speeds | {'chunk_rate', 'pytorch_chunk_rate'}
   assert all(found[k] > 0 for k in speeds), found
-  # BOS closes the first chunk of every row: a rate of 0 would mean no boundary was read back.
-  assert 0 < found['chunk_rate'] <= 1, found
+  assert abs(found['chunk_rate'] - 0.5) < 0.15, found
+  assert found['pytorch_chunk_rate'] == found['chunk_rate'], found

@@ -58,11 +58,12 @@ def check_out(out: str) -> None:
     raise UserError(f'--out {out} exists and is not empty; pass a new or empty folder.')
 
 
-def torch_model(hf_fields: dict, state: dict | None = None):
-  """The PyTorch model of config.json fields, with the weights `state` ({name: array}) if given."""
+def torch_model(hf_fields: dict, state: dict | None = None, *, modeling=None):
+  """The PyTorch model of config.json fields, with the weights `state` ({name: array}) if given;
+  modeling: the port module to build it from (default: this package's modeling_tokjax)."""
   import torch  # pylint: disable=g-import-not-at-top
 
-  modeling = require_torch()
+  modeling = modeling or require_torch()
   model = modeling.TokjaxForCausalLM(modeling.TokjaxConfig(**hf_fields)).float().eval()
   if state is not None:  # Names and shapes are checked by `mapping.to_torch_state`.
     model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True)

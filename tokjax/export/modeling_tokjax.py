@@ -25,8 +25,8 @@ H heads, K head width, V vocabulary.
 """
 
 import dataclasses
+import functools
 import inspect
-import math
 from typing import Optional, cast
 
 import torch
@@ -56,90 +56,115 @@ class RMSNorm(nn.Module):
     self.eps = eps
 
   def forward(self, x):
-    x = x.float()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.scale)
+    return F.rms_norm(x.float(), (x.shape[-1],), 1.0 + self.scale, self.eps)
 
 
-def apply_rope(x, positions, max_wavelength: float = 10_000.0):
-  """Rotates x: [B, L, H, K] by angles set by positions: int[B, L] (split halves, not pairs)."""
-  half = x.shape[-1] // 2
-  freq = max_wavelength ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
+@functools.lru_cache
+def _inverse_wavelengths(half: int, max_wavelength: float, device) -> torch.Tensor:
+  with torch.inference_mode(False):  # Kept for every later call, with or without gradients.
+    return max_wavelength ** (-torch.arange(half, dtype=torch.float32, device=device) / half)
+
+
+def rope_tables(positions, head_dim: int, max_wavelength: float = 10_000.0):
+  """(cos, sin): float32[B, L, 1, K] for `apply_rope` at positions int[B, L], sin signed for the
+  swapped halves."""
+  freq = _inverse_wavelengths(head_dim // 2, max_wavelength, positions.device)
   angle = positions[..., None, None].float() * freq
   sin, cos = torch.sin(angle), torch.cos(angle)
-  x1, x2 = x[..., :half], x[..., half:]
-  return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+  return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
 
-def attention_mask(q_pos, k_pos, key_valid=None, window: int = 0):
-  """bool[B, Q, S]: a query sees keys at positions <= its own (within `window` when > 0)."""
+def apply_rope(x, rope):
+  """Rotates x: [B, L, H, K] by `rope_tables` (split halves, not pairs): [x1 cos - x2 sin,
+  x2 cos + x1 sin], with tokjax's arithmetic (x2 (-sin) is -(x2 sin) exactly)."""
+  cos, sin = rope
+  half = x.shape[-1] // 2
+  return x * cos + torch.cat([x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def attention_bias(q_pos, k_pos, key_valid=None, window: int = 0):
+  """float32[B, 1, Q, S]: 0 where a query sees a key (positions <= its own, within `window` when
+  > 0, key_valid where given), _NEG_INF elsewhere; added to the scores, as tokjax masks them."""
   mask = k_pos[:, None, :] <= q_pos[:, :, None]
   if window > 0:
     mask = mask & ((q_pos[:, :, None] - k_pos[:, None, :]) < window)
   if key_valid is not None:
     mask = mask & key_valid[:, None, :]
-  return mask
+  return torch.where(mask, 0.0, _NEG_INF)[:, None]
 
 
-class LayerCache:
-  """One attention layer's keys, values, positions and validity of earlier positions (decoding).
+class KeyPositions:
+  """The positions and validity of a stack's cached keys (decoding), which all its layers share.
 
-  window > 0 keeps the last `window` entries only: a byte layer's cache, which holds every position,
-  so the keys its sliding window can reach are exactly the last `window`.
+  window > 0 keeps the last `window` positions only: a byte stack's cache, which holds every
+  position, so the keys its sliding window can reach are exactly the last `window`.
   """
 
   def __init__(self, window: int = 0):
     self.window = window
-    # None until the first extend, then all four are set together.
-    self.k: torch.Tensor | None = None
-    self.v: torch.Tensor | None = None
+    # None until the first extend; validity stays None while every key is valid (byte stacks).
     self.pos: torch.Tensor | None = None
     self.valid: torch.Tensor | None = None
 
-  def extend(self, k, v, positions, key_valid=None):
-    """Appends [B, L, H, K] keys and values at positions int[B, L]; returns all of them (k, v,
-    positions, valid), those the window drops from the cache included (the new queries' windows
-    may still reach them)."""
-    valid = torch.ones_like(positions, dtype=torch.bool) if key_valid is None else key_valid
-    if self.k is not None:
-      assert self.v is not None and self.pos is not None and self.valid is not None  # Set with k.
-      k, v = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1)
-      positions, valid = torch.cat([self.pos, positions], 1), torch.cat([self.valid, valid], 1)
-    kept: tuple[torch.Tensor, ...] = (k, v, positions, valid)
-    if self.window > 0:
-      kept = tuple(x[:, -self.window :] for x in kept)
-    self.k, self.v, self.pos, self.valid = kept
-    return k, v, positions, valid
+  def append(self, kept, new):
+    """-> (kept then new along positions: what the new queries may reach, what the cache keeps)."""
+    every = new if kept is None else torch.cat([kept, new], 1)
+    return every, every[:, -self.window :] if self.window > 0 else every
+
+  def extend(self, positions, key_valid=None):
+    """Appends positions int[B, L], valid where key_valid: bool[B, L] (a stack gives it on every
+    call or on none: None, every key valid) -> every position and validity the new queries may
+    reach, those the window drops too."""
+    if self.pos is not None and (key_valid is None) != (self.valid is None):
+      raise ValueError('a stack cache takes key validity on every call or on none.')
+    positions, self.pos = self.append(self.pos, positions)
+    if key_valid is not None:
+      key_valid, self.valid = self.append(self.valid, key_valid)
+    return positions, key_valid
+
+
+class StackCache:
+  """One stack's keys and values of earlier positions (decoding): a pair per layer, at the
+  `KeyPositions` its layers read, which stacks over the same positions share (the byte stacks)."""
+
+  def __init__(self, num_layers: int, positions: KeyPositions):
+    self.positions = positions
+    # None until the first extend.
+    self.k: list[torch.Tensor | None] = [None] * num_layers
+    self.v: list[torch.Tensor | None] = [None] * num_layers
+
+  def extend(self, layer: int, k, v):
+    """Appends layer `layer`'s keys and values [B, L, H, K] at the positions last appended."""
+    k, self.k[layer] = self.positions.append(self.k[layer], k)
+    v, self.v[layer] = self.positions.append(self.v[layer], v)
+    return k, v
 
 
 class Attention(nn.Module):
   """Multi-head causal self-attention with RoPE over explicit positions."""
 
-  def __init__(self, d: int, num_heads: int, window: int):
+  def __init__(self, d: int, num_heads: int):
     super().__init__()
-    self.num_heads, self.head_dim, self.window = num_heads, d // num_heads, window
+    self.num_heads, self.head_dim = num_heads, d // num_heads
     self.q_proj = nn.Linear(d, d, bias=False)
     self.k_proj = nn.Linear(d, d, bias=False)
     self.v_proj = nn.Linear(d, d, bias=False)
     self.o_proj = nn.Linear(d, d, bias=False)
 
-  def forward(self, x, positions, key_valid=None, cache=None):
-    """x: [B, L, D], positions: int[B, L], key_valid: bool[B, L] or None -> [B, L, D].
-
-    cache: a `LayerCache` whose keys come before x's (decoding); the new keys are added to it.
-    """
+  def forward(self, x, rope, bias, cache=None, layer: int = 0):
+    """x: [B, L, D], rope: `rope_tables` of its positions, bias: `attention_bias` of its keys ->
+    [B, L, D]. cache: a `StackCache` whose keys come before x's (decoding); x's keys are added to
+    it as layer `layer`'s."""
     b, l, _ = x.shape
     split = lambda t: t.view(b, l, self.num_heads, self.head_dim)
-    q = apply_rope(split(self.q_proj(x)), positions)
-    k = apply_rope(split(self.k_proj(x)), positions)
+    q = apply_rope(split(self.q_proj(x)), rope)
+    k = apply_rope(split(self.k_proj(x)), rope)
     v = split(self.v_proj(x))
-    k_pos, valid = positions, key_valid
     if cache is not None:
-      k, v, k_pos, valid = cache.extend(k, v, positions, key_valid)
-    mask = attention_mask(positions, k_pos, valid, self.window)
-    scores = torch.einsum('bqhk,bshk->bhqs', q, k) / math.sqrt(self.head_dim)
-    scores = scores.masked_fill(~mask[:, None], _NEG_INF)
-    out = torch.einsum('bhqs,bshk->bqhk', torch.softmax(scores, dim=-1), v)
-    return self.o_proj(out.reshape(b, l, -1))
+      k, v = cache.extend(layer, k, v)
+    heads = lambda t: t.transpose(1, 2)  # [B, H, ., K], as the fused attention takes them.
+    out = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=bias)
+    return self.o_proj(heads(out).reshape(b, l, -1))
 
 
 class GeGLU(nn.Module):
@@ -157,27 +182,46 @@ class GeGLU(nn.Module):
 class Block(nn.Module):
   """Gemma-2 block: x + post_norm(attn(pre_norm(x))), then x + post_norm(mlp(pre_norm(x)))."""
 
-  def __init__(self, d: int, num_heads: int, mlp_hidden: int, window: int):
+  def __init__(self, d: int, num_heads: int, mlp_hidden: int):
     super().__init__()
     self.pre_attn_norm, self.post_attn_norm = RMSNorm(d), RMSNorm(d)
     self.pre_mlp_norm, self.post_mlp_norm = RMSNorm(d), RMSNorm(d)
-    self.attn = Attention(d, num_heads, window)
+    self.attn = Attention(d, num_heads)
     self.mlp = GeGLU(d, mlp_hidden)
 
-  def forward(self, x, positions, key_valid=None, cache=None):
-    x = x + self.post_attn_norm(self.attn(self.pre_attn_norm(x), positions, key_valid, cache))
+  def forward(self, x, rope, bias, cache=None, layer: int = 0):
+    x = x + self.post_attn_norm(self.attn(self.pre_attn_norm(x), rope, bias, cache, layer))
     return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
 
 
 class Stack(nn.Module):
+  """Blocks over explicit positions; sliding-window attention when `window` > 0."""
 
   def __init__(self, num_layers: int, d: int, num_heads: int, mlp_hidden: int, window: int):
     super().__init__()
-    self.blocks = nn.ModuleList(Block(d, num_heads, mlp_hidden, window) for _ in range(num_layers))
+    self.head_dim, self.window = d // num_heads, window
+    self.blocks = nn.ModuleList(Block(d, num_heads, mlp_hidden) for _ in range(num_layers))
 
-  def forward(self, x, positions, key_valid=None, caches=None):
+  def frame(self, positions, key_valid=None, cache=None):
+    """(rope, bias): what every layer reads at positions int[B, L] besides its own keys, the
+    rotation of its queries and keys and the attention bias over the keys it sees (key_valid:
+    bool[B, L] or None). cache: the stack's `StackCache`, whose positions these extend."""
+    k_pos, valid = positions, key_valid
+    if cache is not None:
+      k_pos, valid = cache.positions.extend(positions, key_valid)
+    rope = rope_tables(positions, self.head_dim)
+    return rope, attention_bias(positions, k_pos, valid, self.window)
+
+  def forward(self, x, positions, key_valid=None, cache=None, frame=None):
+    """x: [B, L, D], positions: int[B, L], key_valid: bool[B, L] or None -> [B, L, D].
+
+    cache: the stack's `StackCache` (decoding), which x's positions and keys extend. frame: this
+    call's `frame`, made by a stack over the same positions whose cache shares these positions (the
+    byte stacks), which extended them already.
+    """
+    rope, bias = self.frame(positions, key_valid, cache) if frame is None else frame
     for i, block in enumerate(self.blocks):
-      x = block(x, positions, key_valid, None if caches is None else caches[i])
+      x = block(x, rope, bias, cache, i)
     return x
 
 
@@ -708,7 +752,13 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
       if boundaries is not None or do_sample or labels is not None:
         raise ValueError('the cached forward takes greedy boundaries only, and no labels.')
       cache = TokjaxCache(self) if cache is None else cache
-      return TokjaxCausalLMOutput(logits=self._cached(input_ids.long(), cache), cache=cache)
+      # A cache made without gradients (generate's case) is read and written in inference mode,
+      # which skips autograd's bookkeeping on every op: at one byte per call, with small
+      # matrices, that bookkeeping is a large part of the time. Inference tensors cannot be
+      # changed in place outside that mode, so the caller gets a copy of the logits.
+      with torch.inference_mode(cache.inference):
+        logits = self._cached(input_ids.long(), cache)
+      return TokjaxCausalLMOutput(logits=logits.clone() if cache.inference else logits, cache=cache)
     tokens = input_ids.long()
     if self.config.kind == 'flat':
       positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
@@ -822,11 +872,12 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     logits = []
     for i in range(l):
       pos = torch.full((b, 1), cache.length, dtype=torch.long, device=tokens.device)
-      h = self.encoder(self.embed(tokens[:, i : i + 1]), pos, None, cache.encoder)
+      frame = self.encoder.frame(pos, None, cache.encoder)  # The decoder's too.
+      h = self.encoder(self.embed(tokens[:, i : i + 1]), pos, None, cache.encoder, frame)
       # The policy decides from h alone; the other methods keep stage 0's early logits.
       early = None if isinstance(self.boundary, Policy) else self.early_head(h)
       y = self._cached_stage(0, h, pos, live, cache, tokens[:, i], early_logits=early)
-      logits.append(self.head(self.decoder(y, pos, None, cache.decoder)))
+      logits.append(self.head(self.decoder(y, pos, None, cache.decoder, frame)))
       cache.length += 1
     return torch.cat(logits, dim=1)
 
@@ -836,11 +887,12 @@ class TokjaxForCausalLM(TokjaxPreTrainedModel, GenerationMixin):
     position count and latest chunk output."""
     b, l = tokens.shape
     positions = torch.arange(l, device=tokens.device).expand(b, l)
-    h = self.encoder(self.embed(tokens), positions, None, cache.encoder)
+    frame = self.encoder.frame(positions, None, cache.encoder)  # The decoder's too.
+    h = self.encoder(self.embed(tokens), positions, None, cache.encoder, frame)
     valid = torch.ones_like(positions, dtype=torch.bool)
     y = self._prompt_stage(0, h, positions, valid, cache, tokens, early_logits=self.early_head(h))
     cache.length = l
-    return self.head(self.decoder(y, positions, None, cache.decoder))
+    return self.head(self.decoder(y, positions, None, cache.decoder, frame))
 
   def _prompt_stage(self, s, x, positions, valid, cache, tokens, *, early_logits):
     """Stage s over its whole input x: [B, N, D] (valid: bool[B, N], the positions that exist,
@@ -966,13 +1018,20 @@ class TokjaxCache:
 
   def __init__(self, model):
     c = model.config
-    layers = lambda stack, window=0: [LayerCache(window) for _ in stack.blocks]
+    layers = lambda stack, positions=None: StackCache(
+        len(stack.blocks), positions or KeyPositions()
+    )
     self.length = 0
+    # Made without gradients, it is read and written in inference mode (see `forward`).
+    self.inference = not torch.is_grad_enabled()
     if c.kind == 'flat':
-      self.layers = layers(model.layers, c.byte_window)
+      self.layers = layers(model.layers, KeyPositions(c.byte_window))
       return
-    self.encoder = layers(model.encoder, c.byte_window)
-    self.decoder = layers(model.decoder, c.byte_window)
+    # The byte stacks read the same positions: one record, extended once a call (`Stack.frame`).
+    self.bytes = KeyPositions(c.byte_window)
+    self.encoder = layers(model.encoder, self.bytes)
+    self.decoder = layers(model.decoder, self.bytes)
+    # Chunk stacks keep every chunk: their window counts bytes, through the positions.
     self.main = layers(model.main)
     self.inner_encoders = [layers(stack) for stack in model.inner_encoders]
     self.inner_decoders = [layers(stack) for stack in model.inner_decoders]
