@@ -823,3 +823,5 @@ def test_generation_benchmark_runs(tmp_path):
   assert all(found[k] > 0 for k in speeds), found
   assert abs(found['chunk_rate'] - 0.5) < 0.15, found
   assert found['pytorch_chunk_rate'] == found['chunk_rate'], found
+  with pytest.raises(UserError, match='--port .*: no such Python file'):
+    generation.load_port(str(tmp_path / 'modeling_tokjax.py'))

@@ -30,6 +30,7 @@ thread per core can run many times slower than --torch_threads=1.
 """
 
 import importlib.util
+import os
 import time
 
 from absl import flags
@@ -102,9 +103,11 @@ def _median_seconds(fn, repeats: int) -> float:
 def load_port(path: str):
   """The PyTorch port in `path` (a modeling_tokjax.py), imported inside tokjax.export so that its
   import of the config class resolves."""
-  found = importlib.util.spec_from_file_location('tokjax.export.port_under_test', path)
+  found = None
+  if os.path.isfile(path):
+    found = importlib.util.spec_from_file_location('tokjax.export.port_under_test', path)
   if found is None or found.loader is None:
-    raise UserError(f'--port {path}: not a Python file; give a modeling_tokjax.py.')
+    raise UserError(f'--port {path}: no such Python file; give a modeling_tokjax.py.')
   module = importlib.util.module_from_spec(found)
   found.loader.exec_module(module)
   return module
@@ -140,7 +143,8 @@ def measure(
 ) -> dict:
   """{'tokjax', 'tokjax_uncached', 'pytorch', 'pytorch_uncached'}: bytes/s of greedy generation
   with config's model, cached and uncached, and 'chunk_rate', 'pytorch_chunk_rate': the share of
-  positions (prompt and generated) where each one's generation closed a first-level chunk.
+  positions (prompt and generated) where each one's generation closed a first-level chunk (None
+  for the flat model).
   chunk_rate > 0: stage 0's policy bias set for greedy decisions at about that rate (`calibrate`);
   port: the modeling_tokjax.py to time (default: the installed one)."""
   import torch  # pylint: disable=g-import-not-at-top
@@ -212,6 +216,8 @@ def main(argv):
   if _TORCH_THREADS.value:
     torch.set_num_threads(_TORCH_THREADS.value)
   config = _CONFIG.value
+  if _PORT.value:
+    load_port(_PORT.value)  # A bad path fails here, before any model is built.
   calibrated = f'policy greedy at {_CHUNK_RATE.value}' if _CHUNK_RATE.value else 'as initialised'
   print(
       f'greedy generation of {_BYTES.value} bytes x {_BATCH.value} rows after {_PROMPT.value} '
