@@ -1028,9 +1028,9 @@ class TokjaxCache:
       self.layers = layers(model.layers, KeyPositions(c.byte_window))
       return
     # The byte stacks read the same positions: one record, extended once a call (`Stack.frame`).
-    self.bytes = KeyPositions(c.byte_window)
-    self.encoder = layers(model.encoder, self.bytes)
-    self.decoder = layers(model.decoder, self.bytes)
+    byte_positions = KeyPositions(c.byte_window)
+    self.encoder = layers(model.encoder, byte_positions)
+    self.decoder = layers(model.decoder, byte_positions)
     # Chunk stacks keep every chunk: their window counts bytes, through the positions.
     self.main = layers(model.main)
     self.inner_encoders = [layers(stack) for stack in model.inner_encoders]
